@@ -1,0 +1,185 @@
+"""trainq's trainer against the seed article's pipeline, in one process, on the same data.
+
+The data: the 4,000 real training digits of `mnist-sample` repeated to 60,000 images (one
+MNIST-sized epoch), written as MNIST IDX files and read by torchvision's MNIST loader in both
+pipelines; test accuracy on the 1,000 held-out digits.
+
+The baseline is the article as written: ToTensor + Normalize per PIL image in a DataLoader
+(num_workers=4, pin_memory, persistent_workers, prefetch_factor=2), the CNN with `view`,
+`.item()` twice a step, AdamW + per-epoch cosine; fp32 on the CPU (the article's fp16
+GradScaler path on CUDA). trainq runs its default spec.
+
+Prints one JSON object: images/s and test accuracy of each, and their ratio.
+    python -m bench.trainer [--epochs 1] [--ablate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision import datasets, transforms
+
+from core.spec import JobSpec
+from core.train import train
+from core.train.data import IDX_FILES, _write_idx, load_dataset
+from core.train.device import device_name, resolve_device
+
+REPEAT = 15  # 4,000 x 15 = 60,000 training images
+
+
+def build_bench_data(root: Path, cache: Path) -> None:
+    sample = load_dataset("mnist-sample", cache)
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    train_images = sample.train.images.squeeze(1).repeat(REPEAT, 1, 1)
+    train_labels = sample.train.labels.repeat(REPEAT).to(torch.uint8)
+    for name, t in zip(
+        IDX_FILES,
+        (
+            train_images,
+            train_labels,
+            sample.test.images.squeeze(1),
+            sample.test.labels.to(torch.uint8),
+        ),
+        strict=True,
+    ):
+        _write_idx(raw / name, t)
+
+
+class ArticleNet(nn.Module):
+    """The article's CNN as written: conv bias, ReLU before pool, `view` to flatten."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(32)
+        self.pool1 = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(64)
+        self.pool2 = nn.MaxPool2d(2)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, 10)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool1(F.relu(self.bn1(self.conv1(x))))
+        x = self.pool2(F.relu(self.bn2(self.conv2(x))))
+        x = x.view(x.size(0), -1)
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+def run_article(root: Path, epochs: int, device: torch.device) -> dict[str, Any]:
+    torch.manual_seed(0)
+    transform = transforms.Compose(
+        [transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))]
+    )
+    train_set = datasets.MNIST(str(root), train=True, transform=transform)
+    test_set = datasets.MNIST(str(root), train=False, transform=transform)
+    train_loader = torch.utils.data.DataLoader(
+        train_set,
+        batch_size=128,
+        shuffle=True,
+        num_workers=4,
+        pin_memory=True,
+        persistent_workers=True,
+        prefetch_factor=2,
+    )
+    test_loader = torch.utils.data.DataLoader(
+        test_set, batch_size=1000, shuffle=False, num_workers=2, pin_memory=True
+    )
+    model = ArticleNet().to(device)
+    use_amp = device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10, eta_min=1e-5)
+    images, seconds = 0, 0.0
+    for _ in range(epochs):
+        model.train()
+        t0 = time.perf_counter()
+        running_loss, correct = 0.0, 0
+        for data, target in train_loader:
+            data, target = data.to(device), target.to(device)
+            optimizer.zero_grad()
+            with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
+                output = model(data)
+                loss = criterion(output, target)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            running_loss += loss.item()
+            correct += output.argmax(1).eq(target).sum().item()
+            images += len(target)
+        seconds += time.perf_counter() - t0
+        scheduler.step()
+    model.eval()
+    right = 0
+    with torch.no_grad():
+        for data, target in test_loader:
+            right += model(data.to(device)).argmax(1).eq(target.to(device)).sum().item()
+    return {
+        "images_per_second": images / seconds,
+        "train_seconds": seconds,
+        "test_accuracy": right / len(test_set),
+    }
+
+
+def run_trainq(root: Path, epochs: int, device: torch.device, **overrides: Any) -> dict[str, Any]:
+    spec = JobSpec(dataset="mnist", epochs=epochs, **overrides)
+    result = train(spec, data_dir=root, device=str(device))
+    return {
+        "spec_overrides": overrides,
+        "amp": result.record["amp_resolved"],
+        "images_per_second": result.images_per_second,
+        "train_seconds": sum(e.duration_s for e in result.epochs),
+        "test_accuracy": result.test_accuracy,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--ablate", action="store_true", help="also time trainq variants")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", category=UserWarning)  # pin_memory without a GPU
+    device = resolve_device(args.device)
+    with tempfile.TemporaryDirectory(prefix="trainq-bench-") as tmp:
+        root = Path(tmp) / "bench"
+        build_bench_data(root, Path(tmp) / "sample")
+        article = run_article(root, args.epochs, device)
+        ours = run_trainq(root, args.epochs, device)
+        out: dict[str, Any] = {
+            "benchmark": "trainer",
+            "device": device_name(device),
+            "train_images_per_epoch": 4000 * REPEAT,
+            "epochs": args.epochs,
+            "article": article,
+            "trainq": ours,
+            "speedup": ours["images_per_second"] / article["images_per_second"],
+            "accuracy_delta": ours["test_accuracy"] - article["test_accuracy"],
+        }
+        if args.ablate:
+            variants = {
+                "no_channels_last": {"channels_last": False},
+                "dataloader_path": {"data_path": "dataloader", "num_workers": 1},
+            }
+            out["ablation"] = {
+                name: run_trainq(root, args.epochs, device, **kw) for name, kw in variants.items()
+            }
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

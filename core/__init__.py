@@ -1,0 +1,1 @@
+"""trainq's shared core: the job spec, settings, errors, the trainer and (later) storage."""

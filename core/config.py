@@ -1,0 +1,47 @@
+"""`Settings`: trainq's configuration, read once from `TRAINQ_*` environment variables."""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "trainq"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRAINQ_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    database_url: str | None = None  # default: a SQLite file in data_dir
+    redis_url: str | None = None  # default: the embedded redis-server, socket in data_dir
+    queue: str = "trainq"
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_keys: str = ""  # comma-separated
+    admin_keys: str = ""
+    metrics_maxlen: int = Field(200_000, ge=1000, description="Per-job Redis stream bound.")
+    job_timeout_s: int = Field(7 * 24 * 3600, ge=60)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser()
+
+    @cached_property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'trainq.db'}"
+
+    @property
+    def api_key_list(self) -> list[str]:
+        return [k.strip() for k in self.api_keys.split(",") if k.strip()]
+
+    @property
+    def admin_key_list(self) -> list[str]:
+        return [k.strip() for k in self.admin_keys.split(",") if k.strip()]

@@ -1,0 +1,55 @@
+"""Named errors a user can cause or meet. The HTTP edge maps them to status codes in one place."""
+
+from __future__ import annotations
+
+
+class TrainqError(Exception):
+    """Base class. `code` is the stable machine-readable name reported with a failed job."""
+
+    code = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidSpec(TrainqError):
+    """A spec that parses but cannot run here (e.g. fp16 on a machine without CUDA)."""
+
+    code = "invalid_spec"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class DatasetNotFound(TrainqError):
+    code = "dataset_not_found"
+
+
+class TrainingDiverged(TrainqError):
+    """The loss became NaN or infinite; the run stops instead of writing NaN metrics."""
+
+    code = "diverged"
+
+
+class TrainingTimeout(TrainqError):
+    """The run passed the spec's `max_duration_s`."""
+
+    code = "timeout"
+
+
+class TrainingStopped(TrainqError):
+    """`should_stop` asked the trainer to stop (a user cancel)."""
+
+    code = "canceled"
+
+
+class OutOfMemory(TrainqError):
+    code = "out_of_memory"
+
+
+class ExportMismatch(TrainqError):
+    """The reloaded TorchScript model did not reproduce the eager model's logits."""
+
+    code = "export_mismatch"

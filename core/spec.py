@@ -1,0 +1,92 @@
+"""`JobSpec`: the one definition of a training job, shared by the API, the queue payload,
+the trainer and the database."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DATASETS = ("mnist", "fashion-mnist", "kmnist", "mnist-sample")
+
+
+class Amp(StrEnum):
+    auto = "auto"  # the fastest correct choice for the device (see core.train.device)
+    fp16 = "fp16"  # CUDA only, with a GradScaler
+    bf16 = "bf16"  # no scaler needed
+    off = "off"
+
+
+class Optimizer(StrEnum):
+    adamw = "adamw"
+    sgd = "sgd"
+
+
+class Scheduler(StrEnum):
+    cosine = "cosine"
+    onecycle = "onecycle"
+    none = "none"
+
+
+class DataPath(StrEnum):
+    device = "device"  # the whole set held on the device as uint8, batches cut by index
+    dataloader = "dataloader"  # the classic torch DataLoader over torchvision transforms
+
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class JobSpec(BaseModel):
+    """Hyperparameters of one training run. Unknown fields, NaN and infinities are refused."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    dataset: Literal["mnist", "fashion-mnist", "kmnist", "mnist-sample"] = Field(
+        "mnist-sample", description="Which data set to train on."
+    )
+    epochs: int = Field(5, ge=1, le=200, description="Passes over the training set.")
+    batch_size: int = Field(64, ge=1, le=65536, description="Images per training step.")
+    lr: float = Field(1e-3, gt=0, le=10, description="Peak learning rate.")
+    weight_decay: float = Field(1e-4, ge=0, le=1, description="Decoupled weight decay.")
+    optimizer: Optimizer = Optimizer.adamw
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (SGD only).")
+    scheduler: Scheduler = Scheduler.cosine
+    min_lr: float = Field(1e-5, ge=0, le=10, description="Where the cosine schedule ends.")
+    amp: Amp = Field(Amp.auto, description="Mixed precision: auto, fp16 (CUDA), bf16 or off.")
+    grad_clip_norm: PositiveFloat | None = Field(
+        None, le=1e6, description="Clip the global gradient norm to this value."
+    )
+    label_smoothing: float = Field(
+        0.1, ge=0, le=0.5, description="Soften the targets: helps small data sets generalise."
+    )
+    channels_last: bool = Field(True, description="NHWC memory format for the conv layers.")
+    compile: bool = Field(False, description="torch.compile the model (CUDA graphs on GPU).")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute the second conv block in backward to save memory."
+    )
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    data_path: DataPath = DataPath.device
+    num_workers: int = Field(2, ge=0, le=32, description="DataLoader workers (dataloader path).")
+    pin_memory: bool = Field(True, description="Pinned host batches (dataloader path, CUDA).")
+    persistent_workers: bool = Field(True, description="Keep DataLoader workers between epochs.")
+    prefetch_factor: int = Field(2, ge=1, le=16, description="Batches each worker prefetches.")
+    conv1_channels: int = Field(32, ge=1, le=512)
+    conv2_channels: int = Field(64, ge=1, le=1024)
+    hidden: int = Field(128, ge=1, le=8192, description="Width of the fully connected layer.")
+    max_duration_s: PositiveFloat | None = Field(
+        None, le=7 * 24 * 3600, description="Stop with code `timeout` past this many seconds."
+    )
+    target_accuracy: float | None = Field(
+        None, gt=0, le=1, description="Stop early once an epoch's test accuracy reaches this."
+    )
+    max_restarts: int = Field(2, ge=0, le=20, description="Requeues after a lost worker.")
+    max_steps: int | None = Field(
+        None, ge=1, le=10**9, description="Stop after this many steps in all (smoke runs)."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.scheduler is Scheduler.cosine and self.min_lr > self.lr:
+            raise ValueError("min_lr must not exceed lr for the cosine schedule")
+        return self

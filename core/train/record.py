@@ -1,0 +1,68 @@
+"""The run record: the article's train_config.json, extended so a run can be reproduced."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision
+
+from core.spec import JobSpec
+from core.train.data import Dataset
+from core.train.device import device_name
+
+
+def run_record(
+    spec: JobSpec,
+    dev: torch.device,
+    data: Dataset,
+    result: dict[str, Any],
+    amp_dtype: torch.dtype | None,
+) -> dict[str, Any]:
+    return {
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(),
+        "spec": spec.model_dump(mode="json"),
+        "amp_resolved": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torchvision": torchvision.__version__,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version()
+            if torch.backends.cudnn.is_available()
+            else None,
+        },
+        "device": {"type": dev.type, "name": device_name(dev)},
+        "host": platform.node(),
+        "git_revision": _git_revision(),
+        "dataset": {
+            "name": data.name,
+            "sha256": data.sha256,
+            "train_size": len(data.train.labels),
+            "test_size": len(data.test.labels),
+            "image_shape": list(data.image_shape),
+            "mean": data.mean,
+            "std": data.std,
+        },
+        "model_input": "float32 (N, C, H, W) in [0, 1]; normalisation is inside the model",
+        "result": result,
+    }
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
