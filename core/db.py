@@ -1,0 +1,195 @@
+"""The database: SQLAlchemy models (the source of truth for jobs, results and artifacts) and
+the engine. The schema changes only through the Alembic migrations in `migrations/`."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.pool import NullPool
+
+
+class JobStatus(StrEnum):
+    """One status enum for the DB column, the API schema and the worker."""
+
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    canceled = "canceled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.canceled})
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, dt.datetime: DateTime(timezone=True)}
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("owner", "idempotency_key", name="uq_jobs_owner_idempotency_key"),
+        Index("ix_jobs_created", "created_at", "id"),
+        Index("ix_jobs_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.queued)
+    spec: Mapped[dict[str, Any]]
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None]
+    heartbeat_at: Mapped[dt.datetime | None]
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    device: Mapped[str | None] = mapped_column(String(200))
+    total_steps: Mapped[int | None]
+    progress_step: Mapped[int] = mapped_column(Integer, default=0)  # last step stored in DB
+    progress_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    result: Mapped[dict[str, Any] | None]
+    record: Mapped[dict[str, Any] | None]
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+
+
+class EpochMetric(Base):
+    __tablename__ = "epoch_metrics"
+
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    epoch: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int]
+    train_loss: Mapped[float] = mapped_column(Float)
+    train_accuracy: Mapped[float] = mapped_column(Float)
+    test_loss: Mapped[float] = mapped_column(Float)
+    test_accuracy: Mapped[float] = mapped_column(Float)
+    duration_s: Mapped[float] = mapped_column(Float)
+    images_per_second: Mapped[float] = mapped_column(Float)
+
+
+class StepMetric(Base):
+    """Per-batch history, written once per epoch (with that epoch's checkpoint), so that it
+    outlives the bounded Redis stream."""
+
+    __tablename__ = "step_metrics"
+
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[int]
+    loss: Mapped[float] = mapped_column(Float)
+    lr: Mapped[float] = mapped_column(Float)
+    images_per_second: Mapped[float] = mapped_column(Float)
+    memory_allocated: Mapped[int] = mapped_column(BigInteger)
+    memory_reserved: Mapped[int] = mapped_column(BigInteger)
+    memory_peak: Mapped[int] = mapped_column(BigInteger)
+    time: Mapped[float] = mapped_column(Float)
+
+
+class Checkpoint(Base):
+    """The latest epoch checkpoint of a job: what a requeued job resumes from."""
+
+    __tablename__ = "checkpoints"
+
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    epoch: Mapped[int]
+    step: Mapped[int]
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    kind: Mapped[str] = mapped_column(String(32), default="torchscript")
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+def make_engine(url: str, *, busy_timeout_s: float = 15.0) -> Engine:
+    """SQLite: WAL, a busy timeout, and BEGIN IMMEDIATE so that two writers queue up instead
+    of failing later with 'database is locked'. PostgreSQL: a plain pooled engine."""
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(
+        url,
+        poolclass=NullPool,  # one connection per use: safe across forks and threads
+        connect_args={"timeout": busy_timeout_s, "check_same_thread": False},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # let us issue BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+class Database:
+    """An engine and its session factory."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A transaction: committed on success, rolled back on any error."""
+        with self.sessions.begin() as s:
+            yield s
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,45 @@
+"""The queue contract: how a job reaches a worker. Other services rely on these names:
+
+    Queue("trainq", connection=r, serializer=JSONSerializer).enqueue(
+        "worker.tasks.train", spec={...}, job_id=str(uuid4()))
+
+The payload is JSON (never pickle): whoever can write to the queue cannot run code on a GPU
+host. An optional `owner` keyword names the API key's owner; without it the job belongs to
+the admins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis import Redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+TASK = "worker.tasks.train"
+
+
+def job_queue(r: Redis, name: str) -> Queue:
+    return Queue(name, connection=r, serializer=JSONSerializer)
+
+
+def enqueue_job(
+    r: Redis,
+    *,
+    queue: str,
+    job_id: str,
+    spec: dict[str, Any],
+    owner: str | None,
+    timeout_s: int,
+) -> None:
+    kwargs: dict[str, Any] = {"spec": spec}
+    if owner is not None:
+        kwargs["owner"] = owner
+    job_queue(r, queue).enqueue_call(
+        TASK,
+        kwargs=kwargs,
+        job_id=job_id,
+        timeout=timeout_s,
+        result_ttl=3600,
+        failure_ttl=7 * 24 * 3600,
+        description=f"trainq job {job_id}",
+    )

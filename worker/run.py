@@ -1,0 +1,41 @@
+"""One RQ worker process, bound to one GPU (or the CPU) by its environment.
+
+Started by `trainq worker`; the launcher sets CUDA_VISIBLE_DEVICES before this process
+starts. torch is imported here, before the worker forks a work horse per job, so each job
+starts in milliseconds; CUDA itself is first touched inside the work horse, never here (a
+CUDA context does not survive fork)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
+from rq import Worker
+from rq.serializers import JSONSerializer
+
+from core.queue import job_queue
+from core.redis_server import connect
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--name", required=True)
+    p.add_argument("--queue", required=True)
+    p.add_argument("--redis-url", required=True)
+    p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    r = connect(args.redis_url)
+    worker = Worker(
+        [job_queue(r, args.queue)],
+        name=args.name,
+        connection=r,
+        serializer=JSONSerializer,
+        job_monitoring_interval=5,
+    )
+    worker.work(burst=args.burst, logging_level="INFO", with_scheduler=False)
+
+
+if __name__ == "__main__":
+    main()

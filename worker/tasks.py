@@ -1,0 +1,199 @@
+"""The RQ job function. Its import path, `worker.tasks.train`, is part of the queue contract
+(core.queue): keep it stable."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+from redis import Redis
+from rq import get_current_job
+
+from core.config import Settings
+from core.db import Database, JobStatus
+from core.errors import InvalidSpec, TrainingStopped, TrainqError
+from core.spec import JobSpec
+from core.store import (
+    claim_job,
+    create_job,
+    end_job,
+    get_job,
+    latest_checkpoint,
+    save_epoch,
+    save_steps,
+    set_total_steps,
+    succeed_job,
+)
+from core.stream import cancel_key, publish_epoch, publish_status, publish_steps
+from core.train import Callbacks, EpochMetrics, StepMetrics
+from core.train import train as run_training
+from core.train.loop import RunInfo
+
+log = logging.getLogger("trainq.worker")
+CANCEL_POLL_S = 0.25
+
+
+def train(spec: Any, owner: str | None = None) -> dict[str, Any]:
+    """Run one training job: validate, claim, train (resuming from the last checkpoint),
+    store the results. Every outcome ends in the job row; nothing is retried by RQ."""
+    rq_job = get_current_job()
+    if rq_job is None:
+        raise RuntimeError("worker.tasks.train runs inside an RQ worker")
+    job_id = rq_job.id
+    settings = Settings()
+    db = Database(settings.resolved_database_url)
+    r: Redis = rq_job.connection
+    try:
+        return _run(job_id, spec, owner, settings, db, r, rq_job.worker_name or "?")
+    finally:
+        db.dispose()
+
+
+def _run(
+    job_id: str,
+    raw_spec: Any,
+    owner: str | None,
+    settings: Settings,
+    db: Database,
+    r: Redis,
+    worker_name: str,
+) -> dict[str, Any]:
+    try:
+        uuid.UUID(job_id)
+    except ValueError:
+        log.error("refusing job %r: trainq job ids are UUIDs", job_id)
+        return {"status": JobStatus.failed, "error": "invalid job id"}
+    spec, problem = _validate(raw_spec)
+    with db.session() as s:
+        if get_job(s, job_id=job_id) is None:  # submitted straight to the queue
+            create_job(s, job_id=job_id, spec=spec or {"as_sent": raw_spec}, owner=owner)
+    if spec is None:
+        return _fail(db, r, job_id, 0, InvalidSpec("spec", problem or "invalid"))
+
+    from core.train.device import device_name, resolve_device
+
+    device = device_name(resolve_device("auto"))
+    with db.session() as s:
+        job = claim_job(s, job_id=job_id, worker=worker_name, device=device)
+        checkpoint = latest_checkpoint(s, job_id=job_id) if job else None
+        resume = (checkpoint.data, checkpoint.step) if checkpoint else None
+    if job is None:
+        log.info("job %s already ended; not running it again", job_id)
+        return {"status": "skipped"}
+    start_step = resume[1] if resume else 0
+    publish_status(
+        r, job_id, start_step,
+        {"status": JobStatus.running, "attempt": job.attempt, "worker": worker_name,
+         "device": device},
+    )  # fmt: skip
+    sink = _Sink(job_id, db, r, settings.metrics_maxlen)
+    try:
+        result = run_training(
+            spec,
+            data_dir=settings.data_dir,
+            callbacks=sink.callbacks(),
+            resume=resume[0] if resume else None,
+        )
+    except TrainqError as e:
+        sink.flush_history()
+        return _fail(db, r, job_id, sink.last_step or start_step, e)
+    summary = result.summary()
+    with db.session() as s:
+        ok = succeed_job(
+            s, job_id=job_id, result=summary, record=result.record,
+            model=result.model, sha256=result.model_sha256,
+        )  # fmt: skip
+    status = JobStatus.succeeded if ok else _status_of(db, job_id)
+    publish_status(r, job_id, result.steps, {"status": status, "result": summary})
+    return {"status": status, **summary}
+
+
+def _validate(raw: Any) -> tuple[JobSpec | None, str | None]:
+    try:
+        return JobSpec.model_validate(raw), None
+    except ValidationError as e:
+        parts = [
+            f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {err['msg']}" for err in e.errors()
+        ]
+        return None, "; ".join(parts)
+
+
+def _fail(db: Database, r: Redis, job_id: str, step: int, e: TrainqError) -> dict[str, Any]:
+    status = JobStatus.canceled if isinstance(e, TrainingStopped) else JobStatus.failed
+    with db.session() as s:
+        end_job(s, job_id=job_id, status=status, code=e.code, message=e.message)
+    final = _status_of(db, job_id)
+    publish_status(
+        r, job_id, step, {"status": final, "error": {"code": e.code, "message": e.message}}
+    )
+    log.info("job %s ended %s: %s", job_id, final, e.message)
+    return {"status": final, "error": {"code": e.code, "message": e.message}}
+
+
+def _status_of(db: Database, job_id: str) -> JobStatus:
+    with db.session() as s:
+        job = get_job(s, job_id=job_id)
+        return JobStatus(job.status) if job else JobStatus.failed
+
+
+class _Sink:
+    """Trainer callbacks -> Redis (every block of steps, one round trip) and the DB (once per
+    epoch: that epoch's steps, its metrics and its checkpoint in one transaction)."""
+
+    def __init__(self, job_id: str, db: Database, r: Redis, maxlen: int) -> None:
+        self.job_id = job_id
+        self.db = db
+        self.r = r
+        self.maxlen = maxlen
+        self.unsaved: list[StepMetrics] = []
+        self.last_step = 0
+        self.pending_epoch: EpochMetrics | None = None
+        self.next_cancel_check = 0.0
+
+    def callbacks(self) -> Callbacks:
+        return Callbacks(
+            on_start=self.on_start,
+            on_steps=self.on_steps,
+            on_epoch=self.on_epoch,
+            on_checkpoint=self.on_checkpoint,
+            should_stop=self.should_stop,
+        )
+
+    def on_start(self, info: RunInfo) -> None:
+        with self.db.session() as s:
+            set_total_steps(s, job_id=self.job_id, total_steps=info.total_steps)
+
+    def on_steps(self, points: Sequence[StepMetrics]) -> None:
+        publish_steps(self.r, self.job_id, points, self.maxlen)
+        self.unsaved.extend(points)
+        self.last_step = points[-1].step
+
+    def on_epoch(self, m: EpochMetrics) -> None:
+        self.pending_epoch = m  # stored with its checkpoint, which comes next
+
+    def on_checkpoint(self, epoch: int, blob: bytes) -> None:
+        m = self.pending_epoch
+        if m is None or m.epoch != epoch:
+            raise RuntimeError("checkpoint without its epoch metrics")
+        steps = [p for p in self.unsaved if p.step <= m.step]
+        with self.db.session() as s:
+            save_epoch(s, job_id=self.job_id, epoch=m, steps=steps, checkpoint=blob)
+        self.unsaved = [p for p in self.unsaved if p.step > m.step]
+        publish_epoch(self.r, self.job_id, m)
+
+    def flush_history(self) -> None:
+        """A run that stops mid-epoch keeps the steps it made."""
+        with self.db.session() as s:
+            save_steps(s, job_id=self.job_id, steps=self.unsaved)
+        self.unsaved = []
+
+    def should_stop(self) -> bool:
+        now = time.monotonic()
+        if now < self.next_cancel_check:
+            return False
+        self.next_cancel_check = now + CANCEL_POLL_S
+        return bool(self.r.exists(cancel_key(self.job_id)))
