@@ -60,7 +60,7 @@ def format_validation_error(e: ValidationError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     # Importing the command modules registers them.
-    from cli import train_cmd  # noqa: F401
+    from cli import client_cmd, service_cmd, train_cmd  # noqa: F401
 
     parser = argparse.ArgumentParser(prog="trainq", description="Training-as-a-service for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,7 +72,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as e:
         print(format_validation_error(e), file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

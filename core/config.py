@@ -24,8 +24,10 @@ class Settings(BaseSettings):
     queue: str = "trainq"
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    api_keys: str = ""  # comma-separated
-    admin_keys: str = ""
+    api_keys: str = ""  # comma-separated; each key is an owner of its jobs
+    admin_keys: str = ""  # comma-separated; these keys see every job
+    api_url: str | None = None  # for clients; default http://{host}:{port}
+    api_key: str | None = None  # for clients; default the key file in data_dir
     metrics_maxlen: int = Field(200_000, ge=1000, description="Per-job Redis stream bound.")
     job_timeout_s: int = Field(7 * 24 * 3600, ge=60)
 
@@ -37,6 +39,14 @@ class Settings(BaseSettings):
     @cached_property
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'trainq.db'}"
+
+    @property
+    def client_url(self) -> str:
+        return self.api_url or f"http://{self.host}:{self.port}"
+
+    @property
+    def key_file(self) -> Path:
+        return self.data_dir / "api_key"
 
     @property
     def api_key_list(self) -> list[str]:

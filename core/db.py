@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -52,7 +52,10 @@ def utcnow() -> dt.datetime:
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, dt.datetime: DateTime(timezone=True)}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON,
+        dt.datetime: DateTime(timezone=True),
+    }
 
 
 class Job(Base):
@@ -89,9 +92,7 @@ class Job(Base):
 class EpochMetric(Base):
     __tablename__ = "epoch_metrics"
 
-    job_id: Mapped[str] = mapped_column(
-        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
-    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     epoch: Mapped[int] = mapped_column(Integer, primary_key=True)
     step: Mapped[int]
     train_loss: Mapped[float] = mapped_column(Float)
@@ -108,9 +109,7 @@ class StepMetric(Base):
 
     __tablename__ = "step_metrics"
 
-    job_id: Mapped[str] = mapped_column(
-        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
-    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     epoch: Mapped[int]
     loss: Mapped[float] = mapped_column(Float)
@@ -127,9 +126,7 @@ class Checkpoint(Base):
 
     __tablename__ = "checkpoints"
 
-    job_id: Mapped[str] = mapped_column(
-        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
-    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     epoch: Mapped[int]
     step: Mapped[int]
     data: Mapped[bytes] = mapped_column(LargeBinary)
@@ -139,9 +136,7 @@ class Checkpoint(Base):
 class Artifact(Base):
     __tablename__ = "artifacts"
 
-    job_id: Mapped[str] = mapped_column(
-        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
-    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     kind: Mapped[str] = mapped_column(String(32), default="torchscript")
     data: Mapped[bytes] = mapped_column(LargeBinary)
     sha256: Mapped[str] = mapped_column(String(64))

@@ -4,6 +4,7 @@ needs it and shared by the API and every local worker."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -71,10 +72,8 @@ def start_embedded(data_dir: Path, timeout_s: float = 10.0) -> tuple[str, bool]:
 def stop_embedded(data_dir: Path) -> None:
     _, sock = embedded_paths(data_dir)
     if _alive(sock):
-        try:
+        with contextlib.suppress(RedisConnectionError, OSError):  # it hangs up on us
             Redis(unix_socket_path=str(sock)).shutdown(nosave=True)
-        except (RedisConnectionError, OSError):
-            pass  # shutdown closes the connection under us
 
 
 def redis_url(settings: Settings) -> str:

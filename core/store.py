@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from core.db import (
@@ -80,7 +80,8 @@ def get_job(s: Session, *, job_id: str) -> Job | None:
 
 def find_by_idempotency_key(s: Session, *, owner: str | None, key: str) -> Job | None:
     return s.scalars(
-        select(Job).where(Job.owner.is_(owner) if owner is None else Job.owner == owner)
+        select(Job)
+        .where(Job.owner.is_(owner) if owner is None else Job.owner == owner)
         .where(Job.idempotency_key == key)
     ).first()
 
@@ -152,7 +153,7 @@ def save_epoch(
     )
     if steps:
         s.execute(
-            StepMetric.__table__.insert(),
+            insert(StepMetric),
             [{"job_id": job_id, **{f: getattr(p, f) for f in STEP_FIELDS}} for p in steps],
         )
     s.add(
@@ -186,7 +187,7 @@ def save_steps(s: Session, *, job_id: str, steps: Sequence[StepMetrics]) -> None
         delete(StepMetric).where(StepMetric.job_id == job_id, StepMetric.step >= steps[0].step)
     )
     s.execute(
-        StepMetric.__table__.insert(),
+        insert(StepMetric),
         [{"job_id": job_id, **{f: getattr(p, f) for f in STEP_FIELDS}} for p in steps],
     )
     s.execute(update(Job).where(Job.id == job_id).values(progress_step=steps[-1].step))
@@ -249,8 +250,12 @@ def request_cancel(s: Session, *, job_id: str) -> JobStatus | None:
     """queued -> canceled at once; running -> flagged (the worker stops within a few steps).
     Returns the status after the call, or None if the job had already ended."""
     if end_job(
-        s, job_id=job_id, status=JobStatus.canceled, code="canceled",
-        message="canceled before it started", from_statuses=(JobStatus.queued,),
+        s,
+        job_id=job_id,
+        status=JobStatus.canceled,
+        code="canceled",
+        message="canceled before it started",
+        from_statuses=(JobStatus.queued,),
     ):
         return JobStatus.canceled
     res = s.execute(

@@ -70,26 +70,47 @@ def publish_status(r: Redis, job_id: str, step: int, payload: dict[str, Any]) ->
 def rewind(r: Redis, job_id: str, step: int) -> None:
     """Drop entries after the end of `step` and let ids restart there."""
     key = stream_key(job_id)
-    later = r.xrange(key, min=f"{step}-{START}", max="+")
+    later: Any = r.xrange(key, min=f"{step}-{START}", max="+")
     if later:
         r.xdel(key, *[entry_id for entry_id, _ in later])
-    top = r.xrevrange(key, count=1)
+    top: Any = r.xrevrange(key, count=1)
     if later or top:
         r.execute_command("XSETID", key, top[0][0] if top else "0-1")
 
 
-def read(
-    r: Redis, job_id: str, after: str | None, count: int
-) -> list[tuple[str, str, dict[str, Any]]]:
-    """Entries after stream id `after` (exclusive): (id, kind, data)."""
-    start = "-" if after is None else f"({after}"
+Entry = tuple[str, str, dict[str, Any]]  # (stream id, kind, data)
+
+
+def parse_entries(raw: Any) -> list[Entry]:
+    """XRANGE/XREAD entries (bytes or str, as the client returns them) -> (id, kind, data)."""
     out = []
-    for entry_id, fields in r.xrange(stream_key(job_id), min=start, max="+", count=count):
-        eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-        raw = fields.get(b"data", fields.get("data"))
-        out.append((eid, KIND[int(eid.split("-")[1])], json.loads(raw)))
+    for entry_id, fields in raw or []:
+        eid = _text(entry_id)
+        data = fields.get(b"data") or fields.get("data")
+        out.append((eid, KIND[seq_of(eid)], json.loads(data)))
     return out
+
+
+def read(r: Redis, job_id: str, after: str | None, count: int) -> list[Entry]:
+    """Entries after stream id `after` (exclusive)."""
+    start = "-" if after is None else f"({after}"
+    raw: Any = r.xrange(stream_key(job_id), min=start, max="+", count=count)
+    return parse_entries(raw)
+
+
+def latest_step(r: Redis, job_id: str) -> int:
+    """The last step the stream has seen (0 if none)."""
+    raw: Any = r.xrevrange(stream_key(job_id), count=1)
+    return step_of(_text(raw[0][0])) if raw else 0
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
 
 
 def step_of(entry_id: str) -> int:
     return int(entry_id.split("-")[0])
+
+
+def seq_of(entry_id: str) -> int:
+    return int(entry_id.split("-")[1])

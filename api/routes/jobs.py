@@ -1,0 +1,335 @@
+"""/jobs: submit, list, inspect, follow, cancel, download."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import hashlib
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from redis import Redis
+from sqlalchemy.exc import IntegrityError
+
+from api.auth import Caller
+from api.deps import AsyncRedisDep, CallerDep, RedisDep, SessionDep, SettingsDep
+from api.events import event_stream
+from api.schemas import EpochOut, JobOut, JobPage, MetricPage, MetricPoint, Problem
+from core.db import Job, JobStatus
+from core.queue import enqueue_job
+from core.spec import JobSpec
+from core.store import (
+    create_job,
+    epoch_metrics,
+    find_by_idempotency_key,
+    get_artifact,
+    get_job,
+    list_jobs,
+    request_cancel,
+    spec_hash,
+    step_metrics,
+)
+from core.stream import STEP, cancel_key, latest_step, publish_status, read
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "Missing or unknown API key."},
+    404: {"model": Problem, "description": "No such job (or not yours)."},
+}
+JobId = Annotated[uuid.UUID, "a job id"]
+
+
+def job_out(job: Job, r: Redis | None = None) -> JobOut:
+    step = job.progress_step
+    if r is not None and job.status == JobStatus.running:
+        step = max(step, latest_step(r, job.id))
+    base = f"/jobs/{job.id}"
+    return JobOut.model_validate(
+        {
+            "id": job.id,
+            "status": job.status,
+            "spec": job.spec,
+            "created_at": job.created_at,
+            "started_at": job.started_at,
+            "finished_at": job.finished_at,
+            "attempt": job.attempt,
+            "worker": job.worker,
+            "device": job.device,
+            "progress": {
+                "step": step,
+                "total_steps": job.total_steps,
+                "epoch": job.progress_epoch,
+            },
+            "result": job.result,
+            "error": (
+                {"code": job.error_code, "message": job.error_message or ""}
+                if job.error_code
+                else None
+            ),
+            "links": {
+                "self": base,
+                "metrics": f"{base}/metrics",
+                "epochs": f"{base}/epochs",
+                "events": f"{base}/events",
+                "model": f"{base}/model",
+                "record": f"{base}/record",
+                "cancel": f"{base}/cancel",
+            },
+        }
+    )
+
+
+def visible_job(session: SessionDep, caller: Caller, job_id: uuid.UUID) -> Job:
+    """The job, if this caller may see it; 404 otherwise (others' jobs are not revealed)."""
+    job = get_job(session, job_id=str(job_id))
+    if job is None or not (caller.admin or job.owner == caller.owner):
+        raise HTTPException(404, detail=f"no job {job_id}")
+    return job
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobOut,
+    responses={
+        **ERRORS,
+        200: {"model": JobOut, "description": "Same Idempotency-Key and body: the same job."},
+        409: {"model": Problem, "description": "Idempotency-Key reused with another body."},
+        422: {"description": "Invalid spec; `detail[].loc` names the field."},
+        503: {"model": Problem, "description": "Queue or database unavailable."},
+    },
+    summary="Submit a training job",
+)
+def submit_job(
+    spec: JobSpec,
+    response: Response,
+    session: SessionDep,
+    r: RedisDep,
+    caller: CallerDep,
+    settings: SettingsDep,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Any:
+    if idempotency_key is not None:
+        existing = find_by_idempotency_key(session, owner=caller.owner, key=idempotency_key)
+        if existing is not None:
+            return _replay(existing, spec, r)
+    job_id = str(uuid.uuid4())
+    try:
+        job = create_job(
+            session, job_id=job_id, spec=spec, owner=caller.owner,
+            idempotency_key=idempotency_key,
+        )  # fmt: skip
+        session.commit()  # the row exists before any worker can see the queue entry
+    except IntegrityError:  # a concurrent request with the same key won the race
+        session.rollback()
+        existing = find_by_idempotency_key(session, owner=caller.owner, key=idempotency_key or "")
+        if existing is None:
+            raise
+        return _replay(existing, spec, r)
+    try:
+        enqueue_job(
+            r, queue=settings.queue, job_id=job_id, spec=spec.model_dump(mode="json"),
+            owner=caller.owner, timeout_s=settings.job_timeout_s,
+        )  # fmt: skip
+    except Exception:
+        # Nothing half-written: without its queue entry the job must not exist either.
+        session.delete(job)
+        session.commit()
+        raise
+    response.headers["Location"] = f"/jobs/{job_id}"
+    return job_out(job)
+
+
+def _replay(existing: Job, spec: JobSpec, r: Redis) -> JSONResponse:
+    if existing.request_hash != spec_hash(spec):
+        raise HTTPException(
+            409,
+            detail="this Idempotency-Key was already used with a different job spec; "
+            "use a new key for a new job",
+        )
+    return JSONResponse(
+        job_out(existing, r).model_dump(mode="json"),
+        status_code=200,
+        headers={"Location": f"/jobs/{existing.id}"},
+    )
+
+
+@router.get("", response_model=JobPage, responses=ERRORS, summary="List jobs, newest first")
+def get_jobs(
+    session: SessionDep,
+    caller: CallerDep,
+    status: JobStatus | None = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> JobPage:
+    before = _decode_cursor(cursor) if cursor else None
+    jobs = list_jobs(
+        session, owner=caller.owner, all_owners=caller.admin, status=status,
+        before=before, limit=limit + 1,
+    )  # fmt: skip
+    page = list(jobs[:limit])
+    nxt = _encode_cursor(page[-1]) if len(jobs) > limit else None
+    return JobPage(items=[job_out(j) for j in page], next=nxt)
+
+
+def _encode_cursor(job: Job) -> str:
+    return base64.urlsafe_b64encode(f"{job.created_at.isoformat()}|{job.id}".encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        created, _, job_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
+        dt.datetime.fromisoformat(created)
+        uuid.UUID(job_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError) as e:
+        raise HTTPException(422, detail="cursor: not a cursor from a previous page") from e
+    return created, job_id
+
+
+@router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="One job")
+def get_one(job_id: JobId, session: SessionDep, r: RedisDep, caller: CallerDep) -> JobOut:
+    return job_out(visible_job(session, caller, job_id), r)
+
+
+@router.get(
+    "/{job_id}/metrics",
+    response_model=MetricPage,
+    responses=ERRORS,
+    summary="Per-step metrics after a cursor",
+    description="Every training step exactly once, in order: from the database for finished "
+    "epochs and from the live Redis stream for the rest. Pass `next` back as `after`.",
+)
+def get_metrics(
+    job_id: JobId,
+    session: SessionDep,
+    r: RedisDep,
+    caller: CallerDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+) -> MetricPage:
+    job = visible_job(session, caller, job_id)
+    rows = step_metrics(session, job_id=job.id, after=after, limit=limit)
+    items = [MetricPoint.model_validate(row, from_attributes=True) for row in rows]
+    cursor = items[-1].step if items else after
+    if len(items) < limit:
+        # Newer steps than the database holds: the live stream (steps only, in order).
+        for _, kind, data in read(r, job.id, f"{cursor}-{STEP}", count=2 * (limit - len(items))):
+            if kind != "step":
+                continue
+            if data["step"] != cursor + 1:
+                break  # a gap (the stream was trimmed or lost): stop, never skip a step
+            items.append(MetricPoint.model_validate(data))
+            cursor += 1
+            if len(items) == limit:
+                break
+    return MetricPage(items=items, next=cursor, status=JobStatus(job.status))
+
+
+@router.get(
+    "/{job_id}/epochs", response_model=list[EpochOut], responses=ERRORS, summary="Per-epoch"
+)
+def get_epochs(job_id: JobId, session: SessionDep, caller: CallerDep) -> list[EpochOut]:
+    job = visible_job(session, caller, job_id)
+    return [
+        EpochOut.model_validate(e, from_attributes=True)
+        for e in epoch_metrics(session, job_id=job.id)
+    ]
+
+
+@router.get(
+    "/{job_id}/events",
+    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    summary="Server-Sent Events: steps, epoch ends, status changes",
+    description="Resumable with `Last-Event-ID`; the stream ends when the job ends.",
+)
+async def get_events(
+    job_id: JobId,
+    request: Request,
+    ar: AsyncRedisDep,
+    caller: CallerDep,
+    last_event_id: Annotated[str | None, Header(max_length=64)] = None,
+) -> StreamingResponse:
+    db = request.app.state.db
+    with db.session() as session:
+        job = visible_job(session, caller, job_id)
+    return StreamingResponse(
+        event_stream(request, db, ar, job.id, last_event_id),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobOut,
+    status_code=202,
+    responses={**ERRORS, 409: {"model": Problem, "description": "The job already ended."}},
+    summary="Cancel a job",
+    description="Queued: it never runs. Running: it stops within a few batches. Both end "
+    "`canceled`.",
+)
+def cancel(job_id: JobId, session: SessionDep, r: RedisDep, caller: CallerDep) -> JobOut:
+    job = visible_job(session, caller, job_id)
+    outcome = request_cancel(session, job_id=job.id)
+    if outcome is None:
+        raise HTTPException(409, detail=f"job {job.id} already ended ({job.status})")
+    session.commit()
+    if outcome is JobStatus.running:
+        r.set(cancel_key(job.id), 1, ex=7 * 24 * 3600)
+    else:
+        publish_status(r, job.id, job.progress_step, {"status": JobStatus.canceled})
+    session.refresh(job)
+    return job_out(job, r)
+
+
+@router.api_route(
+    "/{job_id}/model",
+    methods=["GET", "HEAD"],
+    responses={
+        **ERRORS,
+        200: {"content": {"application/octet-stream": {}}, "description": "TorchScript file"},
+        409: {"model": Problem, "description": "The job has not succeeded (yet)."},
+    },
+    summary="Download the TorchScript model",
+)
+def get_model(
+    job_id: JobId,
+    request: Request,
+    session: SessionDep,
+    caller: CallerDep,
+    if_none_match: Annotated[str | None, Header(max_length=200)] = None,
+) -> Response:
+    job = visible_job(session, caller, job_id)
+    if job.status != JobStatus.succeeded:
+        raise HTTPException(409, detail=f"job {job.id} is {job.status}: no model yet")
+    art = get_artifact(session, job_id=job.id)
+    if art is None:
+        raise HTTPException(409, detail=f"job {job.id} has no stored model")
+    etag = f'"{art.sha256}"'
+    headers = {
+        "ETag": etag,
+        "Content-Disposition": f'attachment; filename="trainq-{job.id}.pt"',
+        "Content-Length": str(art.size),
+    }
+    if if_none_match == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    if request.method == "HEAD":
+        return Response(headers=headers, media_type="application/octet-stream")
+    if hashlib.sha256(art.data).hexdigest() != art.sha256:
+        raise HTTPException(500, detail="stored model failed its sha256 check")
+    return Response(art.data, headers=headers, media_type="application/octet-stream")
+
+
+@router.get(
+    "/{job_id}/record",
+    responses={**ERRORS, 409: {"model": Problem, "description": "No record yet."}},
+    summary="The run record (reproducibility)",
+)
+def get_record(job_id: JobId, session: SessionDep, caller: CallerDep) -> dict[str, Any]:
+    job = visible_job(session, caller, job_id)
+    if job.record is None:
+        raise HTTPException(409, detail=f"job {job.id} is {job.status}: no run record yet")
+    return job.record

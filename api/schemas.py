@@ -1,0 +1,110 @@
+"""The HTTP contract's response models (documented in OpenAPI at /docs)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from core.db import JobStatus
+
+
+class Progress(BaseModel):
+    step: int = Field(description="Last training step reported.")
+    total_steps: int | None = Field(description="Steps the whole run will take, once known.")
+    epoch: int = Field(description="Last completed epoch.")
+
+
+class JobError(BaseModel):
+    code: str = Field(description="Stable error code, e.g. invalid_spec, diverged, timeout.")
+    message: str
+
+
+class JobResult(BaseModel):
+    test_accuracy: float
+    test_loss: float
+    train_loss: float
+    images_per_second: float = Field(description="Training steps only.")
+    duration_s: float
+    epochs: int
+    steps: int
+    stopped_early: str | None = None
+
+
+class Links(BaseModel):
+    self: str
+    metrics: str
+    epochs: str
+    events: str
+    model: str
+    record: str
+    cancel: str
+
+
+class JobOut(BaseModel):
+    id: str
+    status: JobStatus
+    spec: dict[str, Any]
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    attempt: int
+    worker: str | None
+    device: str | None
+    progress: Progress
+    result: JobResult | None
+    error: JobError | None
+    links: Links
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    next: str | None = Field(description="Cursor for the next page, or null at the end.")
+
+
+class MetricPoint(BaseModel):
+    step: int
+    epoch: int
+    loss: float
+    lr: float
+    images_per_second: float
+    memory_allocated: int = Field(description="Bytes; 0 on the CPU.")
+    memory_reserved: int
+    memory_peak: int
+    time: float = Field(description="Unix time at the end of the step.")
+
+
+class MetricPage(BaseModel):
+    items: list[MetricPoint]
+    next: int = Field(description="Pass as `after` to get the steps that follow.")
+    status: JobStatus
+
+
+class EpochOut(BaseModel):
+    epoch: int
+    step: int
+    train_loss: float
+    train_accuracy: float
+    test_loss: float
+    test_accuracy: float
+    duration_s: float
+    images_per_second: float
+
+
+class WorkerOut(BaseModel):
+    name: str
+    state: str
+    current_job: str | None
+
+
+class Health(BaseModel):
+    status: str = Field(description="ok, or degraded when the database or Redis is away.")
+    database: bool
+    redis: bool
+    queue_depth: int | None
+    workers: list[WorkerOut]
+
+
+class Problem(BaseModel):
+    detail: Any

@@ -1,0 +1,161 @@
+"""`trainq submit`, `ls`, `watch`, `cancel`, `download`: the API from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from cli.main import add_spec_options, command, spec_from_args
+from core.client import ApiError, Client
+from core.config import Settings
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def client() -> Client:
+    settings = Settings()
+    key = settings.api_key
+    if not key:
+        if not settings.key_file.exists():
+            raise SystemExit(
+                f"trainq: no API key: set TRAINQ_API_KEY, or run `trainq up` (it writes "
+                f"{settings.key_file})"
+            )
+        key = settings.key_file.read_text().strip()
+    return Client(settings.client_url, key)
+
+
+def _submit_options(p: argparse.ArgumentParser) -> None:
+    add_spec_options(p)
+    p.add_argument("--idempotency-key", help="resubmitting with the same key returns the same job")
+    p.add_argument("--wait", action="store_true", help="follow the job until it ends")
+
+
+@command("submit", "Submit a training job to the API.", _submit_options)
+def submit_command(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    with client() as c:
+        job = c.submit(spec.model_dump(mode="json", exclude_defaults=True), args.idempotency_key)
+        print(job["id"])
+        return _watch(c, job["id"]) if args.wait else 0
+
+
+def _ls_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "canceled"])
+    p.add_argument("--limit", type=int, default=20)
+
+
+@command("ls", "List jobs, newest first.", _ls_options)
+def ls_command(args: argparse.Namespace) -> int:
+    with client() as c:
+        print(f"{'id':36}  {'status':9}  {'accuracy':>8}  {'img/s':>8}  created")
+        for i, job in enumerate(c.jobs(status=args.status)):
+            if i >= args.limit:
+                break
+            res = job["result"] or {}
+            acc = f"{res['test_accuracy']:.4f}" if res else "-"
+            ips = f"{res['images_per_second']:,.0f}" if res else "-"
+            print(f"{job['id']}  {job['status']:9}  {acc:>8}  {ips:>8}  {job['created_at']}")
+    return 0
+
+
+def _id_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job_id")
+
+
+@command("watch", "Follow a job live: progress bar, epochs, a loss sparkline.", _id_option)
+def watch_command(args: argparse.Namespace) -> int:
+    with client() as c:
+        return _watch(c, args.job_id)
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    if not values:
+        return ""
+    step = max(1, len(values) // width)
+    pts = [
+        sum(values[i : i + step]) / len(values[i : i + step]) for i in range(0, len(values), step)
+    ]
+    lo, hi = min(pts), max(pts)
+    span = (hi - lo) or 1.0
+    return "".join(SPARKS[int((v - lo) / span * (len(SPARKS) - 1))] for v in pts)
+
+
+def _watch(c: Client, job_id: str) -> int:
+    job = c.job(job_id)
+    bar = tqdm(total=job["progress"]["total_steps"], unit="step", file=sys.stderr,
+               desc=f"job {job_id[:8]}", dynamic_ncols=True)  # fmt: skip
+    losses: list[float] = []
+    final: dict[str, Any] = {"status": job["status"]}
+    for ev in c.events(job_id):
+        data = ev["data"]
+        if ev["event"] == "step":
+            losses.append(data["loss"])
+            if bar.total is None:
+                bar.total = c.job(job_id)["progress"]["total_steps"]
+            bar.n = data["step"]
+            bar.set_postfix(epoch=data["epoch"], loss=f"{data['loss']:.4f}",
+                            img_s=f"{data['images_per_second']:,.0f}", refresh=False)  # fmt: skip
+            bar.update(0)
+        elif ev["event"] == "epoch":
+            bar.write(
+                f"epoch {data['epoch']}: train loss {data['train_loss']:.4f} "
+                f"acc {data['train_accuracy']:.4f} | test loss {data['test_loss']:.4f} "
+                f"acc {data['test_accuracy']:.4f} | {data['images_per_second']:,.0f} img/s",
+                file=sys.stderr,
+            )
+        elif ev["event"] == "status":
+            final = data
+            bar.set_description(f"job {job_id[:8]} {data['status']}")
+    bar.close()
+    if losses:
+        print(f"loss  {sparkline(losses)}  {losses[0]:.3f} → {losses[-1]:.3f}", file=sys.stderr)
+    print(json.dumps({"id": job_id, **final}))
+    return 0 if final.get("status") == "succeeded" else 1
+
+
+@command("cancel", "Cancel a queued or running job.", _id_option)
+def cancel_command(args: argparse.Namespace) -> int:
+    with client() as c:
+        try:
+            job = c.cancel(args.job_id)
+        except ApiError as e:
+            print(f"trainq: {e}", file=sys.stderr)
+            return 1
+    print(f"{job['id']} {job['status']}")
+    return 0
+
+
+def _download_options(p: argparse.ArgumentParser) -> None:
+    _id_option(p)
+    p.add_argument("-o", "--output", type=Path, help="default trainq-<id>.pt")
+    p.add_argument("--check", action="store_true", help="load the model and run one image")
+
+
+@command("download", "Download a job's TorchScript model (sha256 checked).", _download_options)
+def download_command(args: argparse.Namespace) -> int:
+    path = args.output or Path(f"trainq-{args.job_id}.pt")
+    with client() as c:
+        try:
+            sha = c.download(args.job_id, path)
+        except ApiError as e:
+            print(f"trainq: {e}", file=sys.stderr)
+            return 1
+    print(f"{path} sha256 {sha}", file=sys.stderr)
+    if args.check:
+        import torch
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model = torch.jit.load(io.BytesIO(path.read_bytes()), map_location="cpu").eval()
+        with torch.inference_mode():
+            logits = model(torch.zeros(1, 1, 28, 28))
+        print(f"{path} loads: logits shape {tuple(logits.shape)}", file=sys.stderr)
+    return 0

@@ -1,0 +1,166 @@
+"""`trainq migrate`, `serve`, `worker`, `up`: running the service."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from cli.main import command
+from core.config import Settings
+from core.keys import load_or_create_key
+
+
+def _no_options(_: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _with_keys(settings: Settings) -> Settings:
+    """No keys configured: make (once) and use the local key file, so no route is open."""
+    if settings.api_key_list or settings.admin_key_list:
+        return settings
+    key = load_or_create_key(settings.key_file)
+    return settings.model_copy(update={"api_keys": key})
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_schema(url: str) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from core.db import make_engine
+    from core.migrate import alembic_config
+
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+    if current != head:
+        return f"the database is at revision {current}, not {head}: run `trainq migrate` first"
+    return None
+
+
+@command("migrate", "Create or upgrade the database schema (Alembic, to head).", _no_options)
+def migrate_command(_: argparse.Namespace) -> int:
+    from core.migrate import upgrade
+
+    settings = Settings()
+    upgrade(settings.resolved_database_url)
+    print(f"trainq: database at head ({settings.resolved_database_url})", file=sys.stderr)
+    return 0
+
+
+def _serve_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="default TRAINQ_HOST (127.0.0.1)")
+    p.add_argument("--port", type=int, help="default TRAINQ_PORT (8000)")
+
+
+@command("serve", "Run the HTTP API (uvicorn).", _serve_options)
+def serve_command(args: argparse.Namespace) -> int:
+    settings = Settings()
+    if args.host:
+        settings = settings.model_copy(update={"host": args.host})
+    if args.port is not None:
+        settings = settings.model_copy(update={"port": args.port})
+    if not (settings.api_key_list or settings.admin_key_list) and not _is_loopback(settings.host):
+        print(
+            f"trainq: refusing to serve on {settings.host} with no API keys configured; "
+            "set TRAINQ_API_KEYS (or bind to 127.0.0.1)",
+            file=sys.stderr,
+        )
+        return 2
+    problem = _check_schema(settings.resolved_database_url)
+    if problem:
+        print(f"trainq: {problem}", file=sys.stderr)
+        return 2
+    return _serve(_with_keys(settings))
+
+
+def _serve(settings: Settings) -> int:
+    import uvicorn
+
+    from api.app import create_app
+    from core.redis_server import redis_url
+
+    app = create_app(settings, redis_url(settings))
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
+    return 0
+
+
+def _worker_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", default="all", help="all, cpu, or GPU indices such as 0,1")
+    p.add_argument("--burst", action="store_true", help="exit once the queue is empty")
+
+
+@command("worker", "Run one RQ worker per GPU (or one on the CPU).", _worker_options)
+def worker_command(args: argparse.Namespace) -> int:
+    from core.redis_server import redis_url
+    from worker.launcher import run_workers
+
+    settings = Settings()
+    try:
+        return run_workers(args.gpus, settings.queue, redis_url(settings), burst=args.burst)
+    except ValueError as e:
+        print(f"trainq: {e}", file=sys.stderr)
+        return 2
+
+
+def _up_options(p: argparse.ArgumentParser) -> None:
+    _serve_options(p)
+    _worker_options(p)
+
+
+@command("up", "Everything on one machine: Redis, migrated DB, API, workers.", _up_options)
+def up_command(args: argparse.Namespace) -> int:
+    from core.migrate import upgrade
+    from core.redis_server import start_embedded, stop_embedded
+
+    settings = Settings()
+    if args.host:
+        settings = settings.model_copy(update={"host": args.host})
+    if args.port is not None:
+        settings = settings.model_copy(update={"port": args.port})
+    upgrade(settings.resolved_database_url)
+    started_redis = False
+    url = settings.redis_url
+    if not url:
+        url, started_redis = start_embedded(settings.data_dir)
+    settings = _with_keys(settings.model_copy(update={"redis_url": url}))
+    env = {**os.environ, "TRAINQ_REDIS_URL": url, "TRAINQ_DATA_DIR": str(settings.data_dir)}
+    env["TRAINQ_DATABASE_URL"] = settings.resolved_database_url
+    cmd = [sys.executable, "-m", "cli", "worker", "--gpus", args.gpus]
+    workers = subprocess.Popen(cmd + (["--burst"] if args.burst else []), env=env)
+    print(
+        f"trainq up: API http://{settings.host}:{settings.port} (docs at /docs), "
+        f"redis {url}, database {settings.resolved_database_url}",
+        file=sys.stderr,
+    )
+    if not (Settings().api_key_list or Settings().admin_key_list):
+        key = settings.api_key_list[0]
+        print(f"trainq up: API key {key} (kept in {settings.key_file})", file=sys.stderr)
+    try:
+        return _serve(settings)
+    finally:
+        workers.send_signal(signal.SIGTERM)
+        try:
+            workers.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            workers.kill()
+        if started_redis:
+            time.sleep(0.1)
+            stop_embedded(settings.data_dir)

@@ -1,0 +1,152 @@
+"""A small Python client for trainq's HTTP API (used by the `trainq` CLI).
+
+client = Client("http://127.0.0.1:8000", api_key="...")
+job = client.submit({"dataset": "mnist-sample", "epochs": 3})
+for event in client.events(job["id"]):
+    ...
+client.download(job["id"], "model.pt")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, detail: Any) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class Client:
+    def __init__(self, base_url: str, api_key: str, timeout: float = 30.0) -> None:
+        self.http = httpx.Client(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _json(self, resp: httpx.Response) -> Any:
+        if resp.status_code >= 400:
+            try:
+                detail = resp.json().get("detail")
+            except ValueError:
+                detail = resp.text
+            raise ApiError(resp.status_code, detail)
+        return resp.json()
+
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        result: dict[str, Any] = self._json(self.http.post("/jobs", json=spec, headers=headers))
+        return result
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json(self.http.get(f"/jobs/{job_id}"))
+        return result
+
+    def jobs(self, status: str | None = None, limit: int = 50) -> Iterator[dict[str, Any]]:
+        """Every job, newest first, following the cursors."""
+        params: dict[str, Any] = {"limit": limit}
+        if status:
+            params["status"] = status
+        while True:
+            page = self._json(self.http.get("/jobs", params=params))
+            yield from page["items"]
+            if not page["next"]:
+                return
+            params["cursor"] = page["next"]
+
+    def metrics(self, job_id: str, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+        result: dict[str, Any] = self._json(
+            self.http.get(f"/jobs/{job_id}/metrics", params={"after": after, "limit": limit})
+        )
+        return result
+
+    def epochs(self, job_id: str) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._json(self.http.get(f"/jobs/{job_id}/epochs"))
+        return result
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json(self.http.post(f"/jobs/{job_id}/cancel"))
+        return result
+
+    def record(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json(self.http.get(f"/jobs/{job_id}/record"))
+        return result
+
+    def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json(self.http.get("/health"))
+        return result
+
+    def events(self, job_id: str, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
+        """Follow the job's Server-Sent Events until it ends; reconnects resume where the
+        last event left off. Each item: {"id", "event", "data"}."""
+        while True:
+            headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+            try:
+                with self.http.stream(
+                    "GET", f"/jobs/{job_id}/events", headers=headers, timeout=None
+                ) as resp:
+                    if resp.status_code >= 400:
+                        resp.read()
+                        self._json(resp)
+                    for event in _parse_sse(resp.iter_lines()):
+                        last_event_id = event["id"]
+                        yield event
+                        if event["event"] == "status" and event["data"].get("status") in (
+                            "succeeded", "failed", "canceled",
+                        ):  # fmt: skip
+                            return
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError):
+                continue  # the API restarted or the connection dropped: resume
+
+    def download(self, job_id: str, path: Path) -> str:
+        """Stream the model to `path`, checking its sha256 against the ETag. Returns it."""
+        digest = hashlib.sha256()
+        tmp = path.with_suffix(path.suffix + ".part")
+        with self.http.stream("GET", f"/jobs/{job_id}/model") as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                self._json(resp)
+            expected = resp.headers.get("etag", "").strip('"')
+            with tmp.open("wb") as f:
+                for chunk in resp.iter_bytes():
+                    digest.update(chunk)
+                    f.write(chunk)
+        if expected and digest.hexdigest() != expected:
+            tmp.unlink(missing_ok=True)
+            raise ApiError(502, f"downloaded model's sha256 {digest.hexdigest()} != {expected}")
+        tmp.replace(path)
+        return digest.hexdigest()
+
+
+def _parse_sse(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    event: dict[str, Any] = {}
+    for line in lines:
+        if not line:
+            if "data" in event:
+                event["data"] = json.loads(event["data"])
+                event.setdefault("event", "message")
+                yield event
+            event = {}
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            event[field] = value.removeprefix(" ")
