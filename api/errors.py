@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+import math
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -14,7 +18,23 @@ log = logging.getLogger("trainq.api")
 RETRY_AFTER_S = "5"
 
 
+def _json_safe(value: Any) -> Any:
+    """JSON has no NaN or Infinity: echo them back as strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def install(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        """422 naming each field (`loc`), also when the input held NaN or Infinity."""
+        return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, 422)
+
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)
     async def redis_away(_: Request, exc: Exception) -> JSONResponse:

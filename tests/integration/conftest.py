@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.service import RedisServer, Service, postgres_database
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'trainq.db'}"
+    else:
+        yield from postgres_database()
+
+
+@pytest.fixture(scope="module")
+def service_data_dir(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
+    folder = tmp_path_factory.mktemp("svc")
+    shutil.copytree(data_dir / "mnist-sample", folder / "mnist-sample")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def service(
+    service_data_dir: Path, database_url: str, redis_server: RedisServer
+) -> Iterator[Service]:
+    svc = Service(data_dir=service_data_dir, database_url=database_url, redis=redis_server)
+    svc.migrate()
+    svc.start_api()
+    svc.start_worker()
+    svc.wait_for_workers(1)
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(autouse=True)
+def _close_clients(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "service" in request.fixturenames:
+        request.getfixturevalue("service").close_clients()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """On failure, show the service processes' logs."""
+    outcome = yield
+    report = outcome.get_result()
+    svc = item.funcargs.get("service") if hasattr(item, "funcargs") else None
+    if report.failed and isinstance(svc, Service):
+        report.sections.append(("service logs", svc.logs()))

