@@ -90,8 +90,13 @@ def sparkline(values: list[float], width: int = 60) -> str:
 
 def _watch(c: Client, job_id: str) -> int:
     job = c.job(job_id)
-    bar = tqdm(total=job["progress"]["total_steps"], unit="step", file=sys.stderr,
-               desc=f"job {job_id[:8]}", dynamic_ncols=True)  # fmt: skip
+    bar = tqdm(
+        total=job["progress"]["total_steps"],
+        unit="step",
+        file=sys.stderr,
+        desc=f"job {job_id[:8]}",
+        dynamic_ncols=True,
+    )
     losses: list[float] = []
     final: dict[str, Any] = {"status": job["status"]}
     for ev in c.events(job_id):
@@ -101,8 +106,12 @@ def _watch(c: Client, job_id: str) -> int:
             if bar.total is None:
                 bar.total = c.job(job_id)["progress"]["total_steps"]
             bar.n = data["step"]
-            bar.set_postfix(epoch=data["epoch"], loss=f"{data['loss']:.4f}",
-                            img_s=f"{data['images_per_second']:,.0f}", refresh=False)  # fmt: skip
+            bar.set_postfix(
+                epoch=data["epoch"],
+                loss=f"{data['loss']:.4f}",
+                img_s=f"{data['images_per_second']:,.0f}",
+                refresh=False,
+            )
             bar.update(0)
         elif ev["event"] == "epoch":
             bar.write(

@@ -110,8 +110,10 @@ class Client:
                         last_event_id = event["id"]
                         yield event
                         if event["event"] == "status" and event["data"].get("status") in (
-                            "succeeded", "failed", "canceled",
-                        ):  # fmt: skip
+                            "succeeded",
+                            "failed",
+                            "canceled",
+                        ):
                             return
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError):
                 continue  # the API restarted or the connection dropped: resume

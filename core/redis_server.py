@@ -48,19 +48,29 @@ def start_embedded(data_dir: Path, timeout_s: float = 10.0) -> tuple[str, bool]:
     subprocess.run(
         [
             redis_binary(),
-            "--port", "0",  # socket only: nothing listens on the network
-            "--unixsocket", str(sock),
-            "--unixsocketperm", "700",
-            "--dir", str(folder),
-            "--appendonly", "yes",
-            "--appendfsync", "everysec",
-            "--save", "",
-            "--daemonize", "yes",
-            "--pidfile", str(folder / "redis.pid"),
-            "--logfile", str(folder / "redis.log"),
+            "--port",
+            "0",  # socket only: nothing listens on the network
+            "--unixsocket",
+            str(sock),
+            "--unixsocketperm",
+            "700",
+            "--dir",
+            str(folder),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--daemonize",
+            "yes",
+            "--pidfile",
+            str(folder / "redis.pid"),
+            "--logfile",
+            str(folder / "redis.log"),
         ],
         check=True,
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + timeout_s
     while not _alive(sock):
         if time.monotonic() > deadline:

@@ -24,7 +24,9 @@ from core.client import Client
 from core.redis_server import redis_binary
 
 REPO = Path(__file__).resolve().parent.parent
-POSTGRES_URL = os.environ.get("TRAINQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+POSTGRES_URL = os.environ.get(
+    "TRAINQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
 REQUIRE_POSTGRES = os.environ.get("TRAINQ_TEST_REQUIRE_POSTGRES") == "1"
 
 
@@ -60,10 +62,23 @@ class RedisServer:
     def start(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+            [
+                redis_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.folder),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ],
             stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         wait_until(self.ping, 10, "redis-server to start")
 
     def ping(self) -> bool:
@@ -140,13 +155,22 @@ class Service:
         log_dir = self.log_dir or self.data_dir
         with (log_dir / f"{name}.log").open("ab") as log:  # the child keeps its own copy
             return subprocess.Popen(
-                [sys.executable, "-m", "cli", *args], cwd=REPO, env=self.env(), stdout=log,
-                stderr=log, start_new_session=True,
-            )  # fmt: skip
+                [sys.executable, "-m", "cli", *args],
+                cwd=REPO,
+                env=self.env(),
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
 
     def migrate(self) -> None:
-        subprocess.run([sys.executable, "-m", "cli", "migrate"], cwd=REPO, env=self.env(), check=True,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "cli", "migrate"],
+            cwd=REPO,
+            env=self.env(),
+            check=True,
+            capture_output=True,
+        )
 
     def start_api(self) -> None:
         self.api = self._spawn("api", "serve")

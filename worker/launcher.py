@@ -89,7 +89,9 @@ def run_workers(gpus: str, queue: str, redis_url: str, *, burst: bool = False) -
                     print(f"trainq worker {s.name} keeps dying; giving up", file=sys.stderr)
                     forward(signal.SIGTERM, None)
                     continue
-                print(f"trainq worker {s.name} exited ({s.proc.returncode}); restarting",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"trainq worker {s.name} exited ({s.proc.returncode}); restarting",
+                    file=sys.stderr,
+                )
                 spawn(s, queue, redis_url, burst)
         time.sleep(0.5)

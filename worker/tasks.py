@@ -86,10 +86,16 @@ def _run(
         return {"status": "skipped"}
     start_step = resume[1] if resume else 0
     publish_status(
-        r, job_id, start_step,
-        {"status": JobStatus.running, "attempt": job.attempt, "worker": worker_name,
-         "device": device},
-    )  # fmt: skip
+        r,
+        job_id,
+        start_step,
+        {
+            "status": JobStatus.running,
+            "attempt": job.attempt,
+            "worker": worker_name,
+            "device": device,
+        },
+    )
     sink = _Sink(job_id, db, r, settings.metrics_maxlen)
     try:
         result = run_training(
@@ -104,9 +110,13 @@ def _run(
     summary = result.summary()
     with db.session() as s:
         ok = succeed_job(
-            s, job_id=job_id, result=summary, record=result.record,
-            model=result.model, sha256=result.model_sha256,
-        )  # fmt: skip
+            s,
+            job_id=job_id,
+            result=summary,
+            record=result.record,
+            model=result.model,
+            sha256=result.model_sha256,
+        )
     status = JobStatus.succeeded if ok else _status_of(db, job_id)
     publish_status(r, job_id, result.steps, {"status": status, "result": summary})
     return {"status": status, **summary}

@@ -119,9 +119,12 @@ def submit_job(
     job_id = str(uuid.uuid4())
     try:
         job = create_job(
-            session, job_id=job_id, spec=spec, owner=caller.owner,
+            session,
+            job_id=job_id,
+            spec=spec,
+            owner=caller.owner,
             idempotency_key=idempotency_key,
-        )  # fmt: skip
+        )
         session.commit()  # the row exists before any worker can see the queue entry
     except IntegrityError:  # a concurrent request with the same key won the race
         session.rollback()
@@ -131,9 +134,13 @@ def submit_job(
         return _replay(existing, spec, r)
     try:
         enqueue_job(
-            r, queue=settings.queue, job_id=job_id, spec=spec.model_dump(mode="json"),
-            owner=caller.owner, timeout_s=settings.job_timeout_s,
-        )  # fmt: skip
+            r,
+            queue=settings.queue,
+            job_id=job_id,
+            spec=spec.model_dump(mode="json"),
+            owner=caller.owner,
+            timeout_s=settings.job_timeout_s,
+        )
     except Exception:
         # Nothing half-written: without its queue entry the job must not exist either.
         session.delete(job)
@@ -167,9 +174,13 @@ def get_jobs(
 ) -> JobPage:
     before = _decode_cursor(cursor) if cursor else None
     jobs = list_jobs(
-        session, owner=caller.owner, all_owners=caller.admin, status=status,
-        before=before, limit=limit + 1,
-    )  # fmt: skip
+        session,
+        owner=caller.owner,
+        all_owners=caller.admin,
+        status=status,
+        before=before,
+        limit=limit + 1,
+    )
     page = list(jobs[:limit])
     nxt = _encode_cursor(page[-1]) if len(jobs) > limit else None
     return JobPage(items=[job_out(j) for j in page], next=nxt)

@@ -109,7 +109,9 @@ def test_list_is_newest_first_with_cursors_and_a_status_filter(service: Service)
     assert len(listed) == len(set(listed))
     r = httpx.get(f"{service.url}/jobs", params={"limit": 500}, headers=auth(service.keys[1]))
     assert r.status_code == 422
-    r = httpx.get(f"{service.url}/jobs", params={"cursor": "garbage"}, headers=auth(service.keys[1]))
+    r = httpx.get(
+        f"{service.url}/jobs", params={"cursor": "garbage"}, headers=auth(service.keys[1])
+    )
     assert r.status_code == 422
     for job in c.jobs(status="queued"):
         assert job["status"] == "queued"

@@ -1,0 +1,75 @@
+"""Job state transitions on both databases: a terminal status never reverts; an epoch that
+is run again replaces what was stored, never duplicates it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from core.db import Database, JobStatus
+from core.migrate import upgrade
+from core.spec import JobSpec
+from core.store import (
+    claim_job,
+    create_job,
+    end_job,
+    get_job,
+    request_cancel,
+    save_epoch,
+    step_metrics,
+    succeed_job,
+)
+from core.train import EpochMetrics, StepMetrics
+
+
+@pytest.fixture(scope="module")
+def db(database_url: str) -> Iterator[Database]:
+    upgrade(database_url)
+    database = Database(database_url)
+    yield database
+    database.dispose()
+
+
+def new_job(db: Database) -> str:
+    job_id = str(uuid.uuid4())
+    with db.session() as s:
+        create_job(s, job_id=job_id, spec=JobSpec(), owner="o")
+    return job_id
+
+
+def point(step: int, loss: float) -> StepMetrics:
+    return StepMetrics(step, 1, loss, 1e-3, 100.0, 0, 0, 0, 0.0)
+
+
+def test_terminal_status_never_reverts(db: Database) -> None:
+    job_id = new_job(db)
+    with db.session() as s:
+        assert claim_job(s, job_id=job_id, worker="w", device="cpu") is not None
+    with db.session() as s:
+        assert end_job(s, job_id=job_id, status=JobStatus.failed, code="x", message="y")
+    with db.session() as s:
+        assert claim_job(s, job_id=job_id, worker="w2", device="cpu") is None
+        assert not succeed_job(s, job_id=job_id, result={}, record={}, model=b"m", sha256="0")
+        assert not end_job(s, job_id=job_id, status=JobStatus.canceled)
+        assert request_cancel(s, job_id=job_id) is None
+    with db.session() as s:
+        job = get_job(s, job_id=job_id)
+        assert job is not None and job.status == JobStatus.failed and job.worker == "w"
+
+
+def test_a_rerun_epoch_replaces_its_steps(db: Database) -> None:
+    job_id = new_job(db)
+    epoch = EpochMetrics(1, 3, 0.5, 0.9, 0.4, 0.9, 1.0, 100.0)
+    with db.session() as s:
+        save_epoch(
+            s, job_id=job_id, epoch=epoch, steps=[point(i, 1.0) for i in (1, 2, 3)], checkpoint=b"a"
+        )
+    with db.session() as s:
+        save_epoch(
+            s, job_id=job_id, epoch=epoch, steps=[point(i, 2.0) for i in (1, 2, 3)], checkpoint=b"b"
+        )
+    with db.session() as s:
+        rows = step_metrics(s, job_id=job_id, after=0, limit=100)
+        assert [(r.step, r.loss) for r in rows] == [(1, 2.0), (2, 2.0), (3, 2.0)]
