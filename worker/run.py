@@ -1,8 +1,8 @@
 """One RQ worker process, bound to one GPU (or the CPU) by its environment.
 
 Started by `trainq worker`; the launcher sets CUDA_VISIBLE_DEVICES before this process
-starts. torch is imported here, before the worker forks a work horse per job, so each job
-starts in milliseconds; CUDA itself is first touched inside the work horse, never here (a
+starts. torch and the job function's whole import tree are loaded here, before the worker
+forks a work horse per job, so each job starts in milliseconds; CUDA itself is first touched inside the work horse, never here (a
 CUDA context does not survive fork)."""
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import argparse
 import logging
 
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
+import torchvision  # noqa: F401
 from rq import Worker
 from rq.serializers import JSONSerializer
 
+import worker.tasks  # noqa: F401  (the job function and all it imports, ready in each fork)
 from core.queue import job_queue
 from core.redis_server import connect
 
