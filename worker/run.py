@@ -2,8 +2,8 @@
 
 Started by `trainq worker`; the launcher sets CUDA_VISIBLE_DEVICES before this process
 starts. torch and the job function's whole import tree are loaded here, before the worker
-forks a work horse per job, so each job starts in milliseconds; CUDA itself is first touched inside the work horse, never here (a
-CUDA context does not survive fork)."""
+forks a work horse per job, so each job starts in milliseconds. CUDA itself is first
+touched inside the work horse, never here (a CUDA context does not survive fork)."""
 
 from __future__ import annotations
 
