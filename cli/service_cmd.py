@@ -27,6 +27,13 @@ def _with_keys(settings: Settings) -> Settings:
     return settings.model_copy(update={"api_keys": key})
 
 
+def _safe_url(url: str) -> str:
+    """A database URL fit for a log: the password masked."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -61,7 +68,9 @@ def migrate_command(_: argparse.Namespace) -> int:
 
     settings = Settings()
     upgrade(settings.resolved_database_url)
-    print(f"trainq: database at head ({settings.resolved_database_url})", file=sys.stderr)
+    print(
+        f"trainq: database at head ({_safe_url(settings.resolved_database_url)})", file=sys.stderr
+    )
     return 0
 
 
@@ -111,10 +120,19 @@ def _worker_options(p: argparse.ArgumentParser) -> None:
 def worker_command(args: argparse.Namespace) -> int:
     from core.redis_server import redis_url
     from worker.launcher import run_workers
+    from worker.reconciler import Reconciler
 
     settings = Settings()
+    url = redis_url(settings)
     try:
-        return run_workers(args.gpus, settings.queue, redis_url(settings), burst=args.burst)
+        return run_workers(
+            args.gpus,
+            settings.queue,
+            url,
+            burst=args.burst,
+            reconcile=Reconciler(settings, url),
+            reconcile_every_s=settings.reconcile_interval_s,
+        )
     except ValueError as e:
         print(f"trainq: {e}", file=sys.stderr)
         return 2
@@ -147,7 +165,7 @@ def up_command(args: argparse.Namespace) -> int:
     workers = subprocess.Popen(cmd + (["--burst"] if args.burst else []), env=env)
     print(
         f"trainq up: API http://{settings.host}:{settings.port} (docs at /docs), "
-        f"redis {url}, database {settings.resolved_database_url}",
+        f"redis {url}, database {_safe_url(settings.resolved_database_url)}",
         file=sys.stderr,
     )
     if not (Settings().api_key_list or Settings().admin_key_list):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,11 @@ class Client:
                         ):
                             return
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError):
-                continue  # the API restarted or the connection dropped: resume
+                time.sleep(0.5)  # the API restarted or the connection dropped: resume
+            except ApiError as e:
+                if e.status != 503:
+                    raise
+                time.sleep(0.5)  # Redis or the database away for a moment
 
     def download(self, job_id: str, path: Path) -> str:
         """Stream the model to `path`, checking its sha256 against the ETag. Returns it."""

@@ -29,6 +29,14 @@ class Settings(BaseSettings):
     api_url: str | None = None  # for clients; default http://{host}:{port}
     api_key: str | None = None  # for clients; default the key file in data_dir
     metrics_maxlen: int = Field(200_000, ge=1000, description="Per-job Redis stream bound.")
+    heartbeat_timeout_s: float = Field(
+        30.0, gt=0, description="A running job whose training loop is silent this long is lost."
+    )
+    reconcile_interval_s: float = Field(10.0, gt=0, description="How often workers reconcile.")
+    queue_grace_s: float = Field(
+        30.0, ge=0, description="A queued job missing from the queue this long is requeued."
+    )
+    db_busy_timeout_s: float = Field(15.0, gt=0, description="SQLite: wait for a lock this long.")
     job_timeout_s: int = Field(7 * 24 * 3600, ge=60)
 
     @field_validator("data_dir")

@@ -29,6 +29,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from core.config import Settings
+
 
 class JobStatus(StrEnum):
     """One status enum for the DB column, the API schema and the worker."""
@@ -83,6 +85,8 @@ class Job(Base):
     progress_step: Mapped[int] = mapped_column(Integer, default=0)  # last step stored in DB
     progress_epoch: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    queue_entry: Mapped[str | None] = mapped_column(String(80))  # the RQ job id that carries it
+    enqueued_at: Mapped[dt.datetime | None]
     result: Mapped[dict[str, Any] | None]
     record: Mapped[dict[str, Any] | None]
     error_code: Mapped[str | None] = mapped_column(String(64))
@@ -175,10 +179,14 @@ def make_engine(url: str, *, busy_timeout_s: float = 15.0) -> Engine:
 class Database:
     """An engine and its session factory."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, busy_timeout_s: float = 15.0) -> None:
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, busy_timeout_s=busy_timeout_s)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Database:
+        return cls(settings.resolved_database_url, busy_timeout_s=settings.db_busy_timeout_s)
 
     @contextmanager
     def session(self) -> Iterator[Session]:

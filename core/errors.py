@@ -53,3 +53,10 @@ class ExportMismatch(TrainqError):
     """The reloaded TorchScript model did not reproduce the eager model's logits."""
 
     code = "export_mismatch"
+
+
+class JobSuperseded(TrainqError):
+    """This attempt no longer owns the job (it was declared lost and requeued, or ended):
+    its writes are refused so that a job delivered twice runs once."""
+
+    code = "superseded"

@@ -30,16 +30,34 @@ def enqueue_job(
     spec: dict[str, Any],
     owner: str | None,
     timeout_s: int,
+    queue_entry: str | None = None,
 ) -> None:
+    """Put a job on the queue. A requeued job travels under a new queue entry id (RQ keeps
+    the old entry's history) and names its trainq job in the payload."""
     kwargs: dict[str, Any] = {"spec": spec}
     if owner is not None:
         kwargs["owner"] = owner
+    if queue_entry is not None and queue_entry != job_id:
+        kwargs["job_id"] = job_id
     job_queue(r, queue).enqueue_call(
         TASK,
         kwargs=kwargs,
-        job_id=job_id,
+        job_id=queue_entry or job_id,
         timeout=timeout_s,
         result_ttl=3600,
         failure_ttl=7 * 24 * 3600,
         description=f"trainq job {job_id}",
     )
+
+
+def entry_is_live(r: Redis, queue_entry: str) -> bool:
+    """Whether the queue still holds this entry, waiting or being worked on."""
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job as RQJob
+    from rq.job import JobStatus as RQStatus
+
+    try:
+        status = RQJob.fetch(queue_entry, connection=r, serializer=JSONSerializer).get_status()
+    except NoSuchJobError:
+        return False
+    return status in (RQStatus.QUEUED, RQStatus.STARTED, RQStatus.DEFERRED, RQStatus.SCHEDULED)

@@ -8,7 +8,7 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
@@ -23,8 +23,8 @@ from core.db import (
     StepMetric,
     utcnow,
 )
+from core.errors import JobSuperseded
 from core.spec import JobSpec
-from core.train import EpochMetrics, StepMetrics
 
 STEP_FIELDS = (
     "step",
@@ -37,6 +37,9 @@ STEP_FIELDS = (
     "memory_peak",
     "time",
 )
+
+if TYPE_CHECKING:
+    from core.train import EpochMetrics, StepMetrics
 
 
 def spec_hash(spec: Any) -> str:
@@ -54,6 +57,7 @@ def create_job(
     spec: JobSpec | dict[str, Any],
     owner: str | None,
     idempotency_key: str | None = None,
+    queue_entry: str | None = None,
 ) -> Job:
     """A queued job. `spec` is raw JSON only for a job that came straight from the queue with
     a spec that did not validate: it is kept as sent, and the job is failed at once."""
@@ -65,6 +69,8 @@ def create_job(
         idempotency_key=idempotency_key,
         request_hash=spec_hash(spec),
         attempt=0,
+        queue_entry=queue_entry or job_id,
+        enqueued_at=utcnow(),
         progress_step=0,
         progress_epoch=0,
         cancel_requested=False,
@@ -110,11 +116,11 @@ def list_jobs(
 
 
 def claim_job(s: Session, *, job_id: str, worker: str, device: str) -> Job | None:
-    """queued (or running, for a requeued attempt) -> running, attempt + 1. None if the job
-    is terminal (canceled while queued, or already finished: a duplicate delivery)."""
+    """queued -> running, attempt + 1. None if the job is not queued: canceled before it
+    started, already running elsewhere or finished (a duplicate delivery runs nothing)."""
     res = s.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status.in_([JobStatus.queued, JobStatus.running]))
+        .where(Job.id == job_id, Job.status == JobStatus.queued)
         .values(
             status=JobStatus.running,
             attempt=Job.attempt + 1,
@@ -132,20 +138,38 @@ def claim_job(s: Session, *, job_id: str, worker: str, device: str) -> Job | Non
     return job
 
 
-def set_total_steps(s: Session, *, job_id: str, total_steps: int) -> None:
-    s.execute(update(Job).where(Job.id == job_id).values(total_steps=total_steps))
+def _fence(s: Session, job_id: str, attempt: int, **values: Any) -> None:
+    """Every write of a running attempt goes through here: it proves the attempt still owns
+    the job (and beats its heartbeat), or raises JobSuperseded."""
+    res = s.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.attempt == attempt, Job.status == JobStatus.running)
+        .values(heartbeat_at=utcnow(), **values)
+    )
+    if res.rowcount == 0:  # type: ignore[attr-defined]
+        raise JobSuperseded(f"attempt {attempt} of job {job_id} no longer owns it")
+
+
+def heartbeat(s: Session, *, job_id: str, attempt: int) -> None:
+    _fence(s, job_id, attempt)
+
+
+def set_total_steps(s: Session, *, job_id: str, attempt: int, total_steps: int) -> None:
+    _fence(s, job_id, attempt, total_steps=total_steps)
 
 
 def save_epoch(
     s: Session,
     *,
     job_id: str,
+    attempt: int,
     epoch: EpochMetrics,
     steps: Sequence[StepMetrics],
     checkpoint: bytes | None,
 ) -> None:
     """One transaction per epoch: its step history, its metrics and its checkpoint. A re-run
     of an epoch (after a resume) replaces what an earlier attempt wrote, never duplicates."""
+    _fence(s, job_id, attempt, progress_step=epoch.step, progress_epoch=epoch.epoch)
     first = steps[0].step if steps else epoch.step + 1
     s.execute(delete(StepMetric).where(StepMetric.job_id == job_id, StepMetric.step >= first))
     s.execute(
@@ -172,17 +196,13 @@ def save_epoch(
     if checkpoint is not None:
         s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
         s.add(Checkpoint(job_id=job_id, epoch=epoch.epoch, step=epoch.step, data=checkpoint))
-    s.execute(
-        update(Job)
-        .where(Job.id == job_id)
-        .values(progress_step=epoch.step, progress_epoch=epoch.epoch, heartbeat_at=utcnow())
-    )
 
 
-def save_steps(s: Session, *, job_id: str, steps: Sequence[StepMetrics]) -> None:
+def save_steps(s: Session, *, job_id: str, attempt: int, steps: Sequence[StepMetrics]) -> None:
     """Steps after the last epoch boundary (a stop mid-epoch): kept for the history."""
     if not steps:
         return
+    _fence(s, job_id, attempt, progress_step=steps[-1].step)
     s.execute(
         delete(StepMetric).where(StepMetric.job_id == job_id, StepMetric.step >= steps[0].step)
     )
@@ -190,7 +210,6 @@ def save_steps(s: Session, *, job_id: str, steps: Sequence[StepMetrics]) -> None
         insert(StepMetric),
         [{"job_id": job_id, **{f: getattr(p, f) for f in STEP_FIELDS}} for p in steps],
     )
-    s.execute(update(Job).where(Job.id == job_id).values(progress_step=steps[-1].step))
 
 
 def latest_checkpoint(s: Session, *, job_id: str) -> Checkpoint | None:
@@ -201,6 +220,7 @@ def succeed_job(
     s: Session,
     *,
     job_id: str,
+    attempt: int,
     result: dict[str, Any],
     record: dict[str, Any],
     model: bytes,
@@ -208,7 +228,7 @@ def succeed_job(
 ) -> bool:
     res = s.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.running)
+        .where(Job.id == job_id, Job.status == JobStatus.running, Job.attempt == attempt)
         .values(
             status=JobStatus.succeeded,
             result=result,
@@ -234,14 +254,50 @@ def end_job(
     code: str | None = None,
     message: str | None = None,
     from_statuses: Sequence[JobStatus] = (JobStatus.queued, JobStatus.running),
+    attempt: int | None = None,
 ) -> bool:
-    """Move a job to a terminal status unless it already is in one. True if it moved."""
+    """Move a job to a terminal status unless it already is in one (or, with `attempt`,
+    unless another attempt owns it now). True if it moved."""
     if status not in TERMINAL:
         raise ValueError(f"{status} is not a terminal status")
+    q = update(Job).where(Job.id == job_id, Job.status.in_(list(from_statuses)))
+    if attempt is not None:
+        q = q.where(Job.attempt == attempt)
+    res = s.execute(
+        q.values(status=status, error_code=code, error_message=message, finished_at=utcnow())
+    )
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def lost_jobs(s: Session, *, silent_since: dt.datetime) -> Sequence[Job]:
+    """Running jobs whose training loop has not written a heartbeat since `silent_since`."""
+    return s.scalars(
+        select(Job).where(Job.status == JobStatus.running, Job.heartbeat_at < silent_since)
+    ).all()
+
+
+def requeue_job(s: Session, *, job_id: str, attempt: int, queue_entry: str) -> bool:
+    """A lost attempt's job goes back to queued (it resumes from its last checkpoint). Only
+    one reconciler wins: the update is guarded by the attempt it saw."""
     res = s.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status.in_(list(from_statuses)))
-        .values(status=status, error_code=code, error_message=message, finished_at=utcnow())
+        .where(Job.id == job_id, Job.status == JobStatus.running, Job.attempt == attempt)
+        .values(status=JobStatus.queued, worker=None, queue_entry=queue_entry, enqueued_at=utcnow())
+    )
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def stale_queued_jobs(s: Session, *, enqueued_before: dt.datetime) -> Sequence[Job]:
+    return s.scalars(
+        select(Job).where(Job.status == JobStatus.queued, Job.enqueued_at < enqueued_before)
+    ).all()
+
+
+def set_queue_entry(s: Session, *, job_id: str, queue_entry: str, seen: str | None) -> bool:
+    res = s.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued, Job.queue_entry == seen)
+        .values(queue_entry=queue_entry, enqueued_at=utcnow())
     )
     return bool(res.rowcount)  # type: ignore[attr-defined]
 

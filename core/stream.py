@@ -11,11 +11,13 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis import Redis
 
-from core.train import EpochMetrics, StepMetrics
+if TYPE_CHECKING:
+    from core.train import EpochMetrics, StepMetrics
+
 
 STEP, EPOCH, START, END = 0, 1, 2, 3
 KIND = {STEP: "step", EPOCH: "epoch", START: "status", END: "status"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -132,6 +133,7 @@ class Service:
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     log_dir: Path | None = None
     clients: list[Client] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -149,10 +151,18 @@ class Service:
             TRAINQ_ADMIN_KEYS=self.admin_key,
             PYTHONUNBUFFERED="1",
         )
+        env.update(self.extra_env)
         return env
 
-    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, *args: str, data_limit: int | None = None
+    ) -> subprocess.Popen[bytes]:
         log_dir = self.log_dir or self.data_dir
+
+        def limit() -> None:
+            if data_limit is not None:
+                resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
+
         with (log_dir / f"{name}.log").open("ab") as log:  # the child keeps its own copy
             return subprocess.Popen(
                 [sys.executable, "-m", "cli", *args],
@@ -160,7 +170,8 @@ class Service:
                 env=self.env(),
                 stdout=log,
                 stderr=log,
-                start_new_session=True,
+                start_new_session=True,  # its own process group: kill -9 takes all of it
+                preexec_fn=limit if data_limit is not None else None,
             )
 
     def migrate(self) -> None:
@@ -173,7 +184,7 @@ class Service:
         )
 
     def start_api(self) -> None:
-        self.api = self._spawn("api", "serve")
+        self.api = self._spawn(f"api{time.monotonic_ns()}", "serve")
         wait_until(self._healthy, 30, "the API to answer /health")
 
     def _healthy(self) -> bool:
@@ -182,8 +193,10 @@ class Service:
         except httpx.HTTPError:
             return False
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
-        proc = self._spawn(f"worker{len(self.workers)}", "worker", "--gpus", "cpu")
+    def start_worker(self, data_limit: int | None = None) -> subprocess.Popen[bytes]:
+        proc = self._spawn(
+            f"worker{len(self.workers)}", "worker", "--gpus", "cpu", data_limit=data_limit
+        )
         self.workers.append(proc)
         return proc
 
@@ -217,3 +230,34 @@ class Service:
     def logs(self) -> str:
         folder = self.log_dir or self.data_dir
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in folder.glob("*.log"))
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """kill -9 a process and everything it started, as a machine that dies would. RQ puts
+    each work horse in a session of its own, so the tree is walked, not just the group."""
+    tree = descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    out = []
+    for child in children(pid):
+        out += [child, *descendants(child)]
+    return out
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out

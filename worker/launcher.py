@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -46,8 +47,7 @@ def parse_gpus(value: str) -> list[str | None]:
 
 def slots_for(gpus: list[str | None]) -> list[Slot]:
     host = socket.gethostname()
-    pid = os.getpid()
-    return [Slot(gpu=g, name=f"{host}-{'cpu' if g is None else 'gpu' + g}-{pid}") for g in gpus]
+    return [Slot(gpu=g, name=f"{host}-{'cpu' if g is None else 'gpu' + g}") for g in gpus]
 
 
 def spawn(slot: Slot, queue: str, redis_url: str, burst: bool) -> None:
@@ -59,10 +59,20 @@ def spawn(slot: Slot, queue: str, redis_url: str, burst: bool) -> None:
     slot.proc = subprocess.Popen(cmd, env=env)
 
 
-def run_workers(gpus: str, queue: str, redis_url: str, *, burst: bool = False) -> int:
+def run_workers(
+    gpus: str,
+    queue: str,
+    redis_url: str,
+    *,
+    burst: bool = False,
+    reconcile: Callable[[], None] | None = None,
+    reconcile_every_s: float = 10.0,
+) -> int:
     """Start the workers and supervise them: a worker that dies is restarted (at most 5
-    times a minute); SIGINT/SIGTERM are passed on (RQ: finish or stop the job, then exit)."""
+    times a minute); SIGINT/SIGTERM are passed on (RQ: finish or stop the job, then exit).
+    Between checks the launcher runs `reconcile` (requeue lost jobs) every few seconds."""
     slots = slots_for(parse_gpus(gpus))
+    next_reconcile = time.monotonic()
     stopping = False
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -94,4 +104,7 @@ def run_workers(gpus: str, queue: str, redis_url: str, *, burst: bool = False) -
                     file=sys.stderr,
                 )
                 spawn(s, queue, redis_url, burst)
+        if reconcile is not None and time.monotonic() >= next_reconcile and not stopping:
+            reconcile()
+            next_reconcile = time.monotonic() + reconcile_every_s
         time.sleep(0.5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
 import torchvision  # noqa: F401
@@ -22,7 +23,7 @@ from core.redis_server import connect
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--name", required=True)
+    p.add_argument("--name", required=True, help="host and GPU; the process id is appended")
     p.add_argument("--queue", required=True)
     p.add_argument("--redis-url", required=True)
     p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
@@ -31,7 +32,7 @@ def main() -> None:
     r = connect(args.redis_url)
     worker = Worker(
         [job_queue(r, args.queue)],
-        name=args.name,
+        name=f"{args.name}-{os.getpid()}",  # a restarted worker never clashes with its ghost
         connection=r,
         serializer=JSONSerializer,
         job_monitoring_interval=5,

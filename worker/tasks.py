@@ -11,17 +11,19 @@ from typing import Any
 
 from pydantic import ValidationError
 from redis import Redis
+from redis.exceptions import RedisError
 from rq import get_current_job
 
 from core.config import Settings
 from core.db import Database, JobStatus
-from core.errors import InvalidSpec, TrainingStopped, TrainqError
+from core.errors import InvalidSpec, JobSuperseded, TrainingStopped, TrainqError
 from core.spec import JobSpec
 from core.store import (
     claim_job,
     create_job,
     end_job,
     get_job,
+    heartbeat,
     latest_checkpoint,
     save_epoch,
     save_steps,
@@ -37,24 +39,34 @@ log = logging.getLogger("trainq.worker")
 CANCEL_POLL_S = 0.25
 
 
-def train(spec: Any, owner: str | None = None) -> dict[str, Any]:
+def train(spec: Any, owner: str | None = None, job_id: str | None = None) -> dict[str, Any]:
     """Run one training job: validate, claim, train (resuming from the last checkpoint),
-    store the results. Every outcome ends in the job row; nothing is retried by RQ."""
+    store the results. Every outcome ends in the job row; nothing is retried by RQ.
+
+    `job_id` is given only when the queue entry's id is not the job's own (a requeue)."""
     rq_job = get_current_job()
     if rq_job is None:
         raise RuntimeError("worker.tasks.train runs inside an RQ worker")
-    job_id = rq_job.id
     settings = Settings()
-    db = Database(settings.resolved_database_url)
-    r: Redis = rq_job.connection
+    db = Database.from_settings(settings)
     try:
-        return _run(job_id, spec, owner, settings, db, r, rq_job.worker_name or "?")
+        return _run(
+            job_id or rq_job.id,
+            rq_job.id,
+            spec,
+            owner,
+            settings,
+            db,
+            rq_job.connection,
+            rq_job.worker_name or "?",
+        )
     finally:
         db.dispose()
 
 
 def _run(
     job_id: str,
+    queue_entry: str,
     raw_spec: Any,
     owner: str | None,
     settings: Settings,
@@ -70,9 +82,15 @@ def _run(
     spec, problem = _validate(raw_spec)
     with db.session() as s:
         if get_job(s, job_id=job_id) is None:  # submitted straight to the queue
-            create_job(s, job_id=job_id, spec=spec or {"as_sent": raw_spec}, owner=owner)
+            create_job(
+                s,
+                job_id=job_id,
+                spec=spec or {"as_sent": raw_spec},
+                owner=owner,
+                queue_entry=queue_entry,
+            )
     if spec is None:
-        return _fail(db, r, job_id, 0, InvalidSpec("spec", problem or "invalid"))
+        return _fail(db, r, job_id, None, 0, InvalidSpec("spec", problem or "invalid"))
 
     from core.train.device import device_name, resolve_device
 
@@ -82,21 +100,20 @@ def _run(
         checkpoint = latest_checkpoint(s, job_id=job_id) if job else None
         resume = (checkpoint.data, checkpoint.step) if checkpoint else None
     if job is None:
-        log.info("job %s already ended; not running it again", job_id)
+        log.info("job %s is not queued (ended, or running elsewhere); not running it", job_id)
         return {"status": "skipped"}
     start_step = resume[1] if resume else 0
-    publish_status(
-        r,
-        job_id,
+    sink = _Sink(job_id, job.attempt, db, r, settings)
+    sink.status(
         start_step,
         {
             "status": JobStatus.running,
             "attempt": job.attempt,
             "worker": worker_name,
             "device": device,
+            "resumed_from_step": start_step,
         },
     )
-    sink = _Sink(job_id, db, r, settings.metrics_maxlen)
     try:
         result = run_training(
             spec,
@@ -104,21 +121,25 @@ def _run(
             callbacks=sink.callbacks(),
             resume=resume[0] if resume else None,
         )
+    except JobSuperseded as e:
+        log.warning("job %s: %s; stopping this attempt", job_id, e.message)
+        return {"status": "superseded"}
     except TrainqError as e:
         sink.flush_history()
-        return _fail(db, r, job_id, sink.last_step or start_step, e)
+        return _fail(db, r, job_id, job.attempt, sink.last_step or start_step, e)
     summary = result.summary()
     with db.session() as s:
         ok = succeed_job(
             s,
             job_id=job_id,
+            attempt=job.attempt,
             result=summary,
             record=result.record,
             model=result.model,
             sha256=result.model_sha256,
         )
     status = JobStatus.succeeded if ok else _status_of(db, job_id)
-    publish_status(r, job_id, result.steps, {"status": status, "result": summary})
+    sink.status(result.steps, {"status": status, "result": summary})
     return {"status": status, **summary}
 
 
@@ -132,16 +153,20 @@ def _validate(raw: Any) -> tuple[JobSpec | None, str | None]:
         return None, "; ".join(parts)
 
 
-def _fail(db: Database, r: Redis, job_id: str, step: int, e: TrainqError) -> dict[str, Any]:
+def _fail(
+    db: Database, r: Redis, job_id: str, attempt: int | None, step: int, e: TrainqError
+) -> dict[str, Any]:
     status = JobStatus.canceled if isinstance(e, TrainingStopped) else JobStatus.failed
     with db.session() as s:
-        end_job(s, job_id=job_id, status=status, code=e.code, message=e.message)
+        end_job(s, job_id=job_id, status=status, code=e.code, message=e.message, attempt=attempt)
     final = _status_of(db, job_id)
-    publish_status(
-        r, job_id, step, {"status": final, "error": {"code": e.code, "message": e.message}}
-    )
+    error = {"code": e.code, "message": e.message}
+    try:
+        publish_status(r, job_id, step, {"status": final, "error": error})
+    except RedisError as re:
+        log.warning("job %s: could not publish its end: %s", job_id, re)
     log.info("job %s ended %s: %s", job_id, final, e.message)
-    return {"status": final, "error": {"code": e.code, "message": e.message}}
+    return {"status": final, "error": error}
 
 
 def _status_of(db: Database, job_id: str) -> JobStatus:
@@ -152,17 +177,27 @@ def _status_of(db: Database, job_id: str) -> JobStatus:
 
 class _Sink:
     """Trainer callbacks -> Redis (every block of steps, one round trip) and the DB (once per
-    epoch: that epoch's steps, its metrics and its checkpoint in one transaction)."""
+    epoch: that epoch's steps, its metrics and its checkpoint in one transaction; and a
+    heartbeat every few seconds, written from the training loop itself).
 
-    def __init__(self, job_id: str, db: Database, r: Redis, maxlen: int) -> None:
+    Redis is best effort here: while it is away, points wait in memory and go out when it
+    is back; the database keeps the full history either way."""
+
+    def __init__(
+        self, job_id: str, attempt: int, db: Database, r: Redis, settings: Settings
+    ) -> None:
         self.job_id = job_id
+        self.attempt = attempt
         self.db = db
         self.r = r
-        self.maxlen = maxlen
+        self.maxlen = settings.metrics_maxlen
+        self.heartbeat_every = min(5.0, settings.heartbeat_timeout_s / 3)
         self.unsaved: list[StepMetrics] = []
+        self.unpublished: list[StepMetrics] = []
         self.last_step = 0
         self.pending_epoch: EpochMetrics | None = None
         self.next_cancel_check = 0.0
+        self.next_heartbeat = time.monotonic() + self.heartbeat_every
 
     def callbacks(self) -> Callbacks:
         return Callbacks(
@@ -173,14 +208,32 @@ class _Sink:
             should_stop=self.should_stop,
         )
 
+    def status(self, step: int, payload: dict[str, Any]) -> None:
+        try:
+            publish_status(self.r, self.job_id, step, payload)
+        except RedisError as e:
+            log.warning("job %s: could not publish status %s: %s", self.job_id, payload, e)
+
     def on_start(self, info: RunInfo) -> None:
         with self.db.session() as s:
-            set_total_steps(s, job_id=self.job_id, total_steps=info.total_steps)
+            set_total_steps(
+                s, job_id=self.job_id, attempt=self.attempt, total_steps=info.total_steps
+            )
 
     def on_steps(self, points: Sequence[StepMetrics]) -> None:
-        publish_steps(self.r, self.job_id, points, self.maxlen)
         self.unsaved.extend(points)
+        self.unpublished.extend(points)
         self.last_step = points[-1].step
+        try:
+            publish_steps(self.r, self.job_id, self.unpublished, self.maxlen)
+            self.unpublished = []
+        except RedisError as e:
+            log.warning("job %s: Redis unavailable (%s); %d steps wait", self.job_id, e,
+                        len(self.unpublished))  # fmt: skip
+        if time.monotonic() >= self.next_heartbeat:
+            with self.db.session() as s:
+                heartbeat(s, job_id=self.job_id, attempt=self.attempt)
+            self.next_heartbeat = time.monotonic() + self.heartbeat_every
 
     def on_epoch(self, m: EpochMetrics) -> None:
         self.pending_epoch = m  # stored with its checkpoint, which comes next
@@ -191,19 +244,38 @@ class _Sink:
             raise RuntimeError("checkpoint without its epoch metrics")
         steps = [p for p in self.unsaved if p.step <= m.step]
         with self.db.session() as s:
-            save_epoch(s, job_id=self.job_id, epoch=m, steps=steps, checkpoint=blob)
+            save_epoch(
+                s, job_id=self.job_id, attempt=self.attempt, epoch=m, steps=steps, checkpoint=blob
+            )
         self.unsaved = [p for p in self.unsaved if p.step > m.step]
-        publish_epoch(self.r, self.job_id, m)
+        self.next_heartbeat = time.monotonic() + self.heartbeat_every
+        if not self.unpublished:  # keep the stream in step order
+            try:
+                publish_epoch(self.r, self.job_id, m)
+            except RedisError as e:
+                log.warning("job %s: could not publish epoch %d: %s", self.job_id, epoch, e)
 
     def flush_history(self) -> None:
         """A run that stops mid-epoch keeps the steps it made."""
-        with self.db.session() as s:
-            save_steps(s, job_id=self.job_id, steps=self.unsaved)
+        try:
+            with self.db.session() as s:
+                save_steps(s, job_id=self.job_id, attempt=self.attempt, steps=self.unsaved)
+        except JobSuperseded:
+            return
         self.unsaved = []
+        if self.unpublished:
+            try:
+                publish_steps(self.r, self.job_id, self.unpublished, self.maxlen)
+                self.unpublished = []
+            except RedisError:
+                pass  # the database has them
 
     def should_stop(self) -> bool:
         now = time.monotonic()
         if now < self.next_cancel_check:
             return False
         self.next_cancel_check = now + CANCEL_POLL_S
-        return bool(self.r.exists(cancel_key(self.job_id)))
+        try:
+            return bool(self.r.exists(cancel_key(self.job_id)))
+        except RedisError:
+            return False

@@ -153,7 +153,7 @@ def _write_idx(path: Path, data: torch.Tensor) -> None:
     header = struct.pack(">BBBB", 0, 0, 0x08, data.dim()) + struct.pack(
         f">{data.dim()}I", *data.shape
     )
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # workers sharing a data folder may race
     tmp.write_bytes(header + data.contiguous().numpy().tobytes())
     os.replace(tmp, path)  # atomic: a crash never leaves a half-written file behind
 

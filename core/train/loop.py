@@ -182,6 +182,10 @@ def train(
                 break
     except torch.OutOfMemoryError as e:
         raise OutOfMemory(_oom_message(spec, dev)) from e
+    except RuntimeError as e:
+        if "can't allocate memory" not in str(e):  # the CPU allocator's out-of-memory
+            raise
+        raise OutOfMemory(_oom_message(spec, dev)) from e
 
     if not history:
         raise InvalidSpec("epochs", "the checkpoint given to resume from already ended the run")

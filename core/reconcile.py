@@ -1,0 +1,118 @@
+"""The reconciler: the database is the source of truth, and this keeps the queue true to it.
+
+Run periodically by every `trainq worker` launcher (the guarded updates let any number run
+at once). It heals three drifts:
+- a running job whose training loop stopped writing heartbeats (its worker died): requeued
+  to resume from its last checkpoint, up to the spec's `max_restarts`, then failed with
+  `worker_lost`; a lost job that was being canceled ends `canceled`;
+- a queued job with no live queue entry (a crash between the insert and the enqueue, or a
+  Redis that came back empty): enqueued again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from redis import Redis
+
+from core.config import Settings
+from core.db import Database, Job, JobStatus, utcnow
+from core.queue import enqueue_job, entry_is_live
+from core.store import end_job, lost_jobs, requeue_job, set_queue_entry, stale_queued_jobs
+from core.stream import publish_status
+
+log = logging.getLogger("trainq.reconcile")
+
+
+@dataclass
+class Report:
+    requeued: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    reenqueued: list[str] = field(default_factory=list)
+
+
+def _aware(t: dt.datetime | None) -> dt.datetime | None:
+    return t.replace(tzinfo=dt.UTC) if t is not None and t.tzinfo is None else t
+
+
+def reconcile_once(db: Database, r: Redis, settings: Settings) -> Report:
+    report = Report()
+    now = utcnow()
+    with db.session() as s:
+        lost = list(
+            lost_jobs(s, silent_since=now - dt.timedelta(seconds=settings.heartbeat_timeout_s))
+        )
+    for job in lost:
+        _handle_lost(db, r, settings, job, report)
+    with db.session() as s:
+        waiting = list(
+            stale_queued_jobs(s, enqueued_before=now - dt.timedelta(seconds=settings.queue_grace_s))
+        )
+    for job in waiting:
+        if job.queue_entry and entry_is_live(r, job.queue_entry):
+            continue
+        entry = f"{job.id}-q{uuid.uuid4().hex[:8]}"
+        with db.session() as s:
+            if not set_queue_entry(s, job_id=job.id, queue_entry=entry, seen=job.queue_entry):
+                continue  # another reconciler (or a worker) got there first
+        _enqueue(r, settings, job, entry)
+        report.reenqueued.append(job.id)
+        log.warning("job %s was queued but not on the queue; enqueued again", job.id)
+    return report
+
+
+def _handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: Report) -> None:
+    restarts_used = max(job.attempt - 1, 0)
+    max_restarts = int(job.spec.get("max_restarts", 2))
+    seen = f"last heartbeat {_aware(job.heartbeat_at)}, worker {job.worker}"
+    if job.cancel_requested or restarts_used >= max_restarts:
+        status = JobStatus.canceled if job.cancel_requested else JobStatus.failed
+        code = "canceled" if job.cancel_requested else "worker_lost"
+        message = f"the worker running attempt {job.attempt} was lost ({seen})" + (
+            "" if job.cancel_requested else f"; max_restarts {max_restarts} used up"
+        )
+        with db.session() as s:
+            moved = end_job(
+                s,
+                job_id=job.id,
+                status=status,
+                code=code,
+                message=message,
+                from_statuses=(JobStatus.running,),
+                attempt=job.attempt,
+            )
+        if moved:
+            report.failed.append(job.id)
+            _publish(r, job, {"status": status, "error": {"code": code, "message": message}})
+        return
+    entry = f"{job.id}-a{job.attempt + 1}"
+    with db.session() as s:
+        if not requeue_job(s, job_id=job.id, attempt=job.attempt, queue_entry=entry):
+            return
+    _enqueue(r, settings, job, entry)
+    report.requeued.append(job.id)
+    log.warning(
+        "job %s lost its worker (%s); requeued as attempt %d", job.id, seen, job.attempt + 1
+    )
+
+
+def _enqueue(r: Redis, settings: Settings, job: Job, entry: str) -> None:
+    enqueue_job(
+        r,
+        queue=settings.queue,
+        job_id=job.id,
+        spec=job.spec,
+        owner=job.owner,
+        timeout_s=settings.job_timeout_s,
+        queue_entry=entry,
+    )
+
+
+def _publish(r: Redis, job: Job, payload: dict[str, object]) -> None:
+    try:
+        publish_status(r, job.id, job.progress_step, payload)
+    except Exception as e:  # the stream is best effort; the database has the truth
+        log.warning("could not publish the status of job %s: %s", job.id, e)
