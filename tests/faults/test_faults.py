@@ -224,7 +224,9 @@ url, queue, job_id = sys.argv[1:4]
 q = Queue(queue, connection=Redis.from_url(url), serializer=JSONSerializer)
 spec = {"epochs": 1, "batch_size": 128}
 q.enqueue("worker.tasks.train", spec=spec, job_id=job_id)
-q.enqueue_call("worker.tasks.train", kwargs={"spec": spec, "job_id": job_id}, job_id=job_id + "-dup")
+q.enqueue_call(
+    "worker.tasks.train", kwargs={"spec": spec, "job_id": job_id}, job_id=job_id + "-dup"
+)
 """
 
 
