@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from redis.asyncio import Redis as AsyncRedis
 
-from api import errors
+from api import errors, observability
 from api.auth import KeyRing
-from api.routes import health, jobs
+from api.routes import health, jobs, web
 from core.config import Settings
 from core.db import Database
 from core.redis_server import connect
 
 MAX_BODY_BYTES = 1 << 20  # a job spec is a few hundred bytes
+MAX_PREDICT_BYTES = 40 << 20  # up to 32 images of up to 1 MiB each
 
 
 def create_app(settings: Settings, redis_url: str) -> FastAPI:
@@ -42,20 +42,13 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         "TorchScript models. Every route but /health needs `Authorization: Bearer <key>`.",
         version="0.1.0",
         lifespan=lifespan,
+        # 413 before the body is parsed, chunked uploads included; /predict allows more.
+        max_body_size=MAX_BODY_BYTES,
     )
     errors.install(app)
-
-    @app.middleware("http")
-    async def limit_body(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return JSONResponse(
-                {"detail": f"request body over {MAX_BODY_BYTES} bytes"}, status_code=413
-            )
-        return await call_next(request)
+    observability.install(app)
 
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(web.router)
     return app

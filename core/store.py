@@ -150,8 +150,11 @@ def _fence(s: Session, job_id: str, attempt: int, **values: Any) -> None:
         raise JobSuperseded(f"attempt {attempt} of job {job_id} no longer owns it")
 
 
-def heartbeat(s: Session, *, job_id: str, attempt: int) -> None:
+def heartbeat(s: Session, *, job_id: str, attempt: int) -> bool:
+    """Beat, and say whether a cancel was asked for (the database's word, for when Redis is
+    away)."""
     _fence(s, job_id, attempt)
+    return bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
 
 
 def set_total_steps(s: Session, *, job_id: str, attempt: int, total_steps: int) -> None:

@@ -17,6 +17,7 @@ from rq import Worker
 from rq.serializers import JSONSerializer
 
 import worker.tasks  # noqa: F401  (the job function and all it imports, ready in each fork)
+from core.logs import configure_json_logging
 from core.queue import job_queue
 from core.redis_server import connect
 
@@ -28,7 +29,7 @@ def main() -> None:
     p.add_argument("--redis-url", required=True)
     p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     args = p.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_json_logging(logging.INFO)
     r = connect(args.redis_url)
     worker = Worker(
         [job_queue(r, args.queue)],

@@ -17,6 +17,7 @@ from rq import get_current_job
 from core.config import Settings
 from core.db import Database, JobStatus
 from core.errors import InvalidSpec, JobSuperseded, TrainingStopped, TrainqError
+from core.logs import current_job
 from core.spec import JobSpec
 from core.store import (
     claim_job,
@@ -34,6 +35,7 @@ from core.stream import cancel_key, publish_epoch, publish_status, publish_steps
 from core.train import Callbacks, EpochMetrics, StepMetrics
 from core.train import train as run_training
 from core.train.loop import RunInfo
+from core.worker_stats import publish_worker_stats
 
 log = logging.getLogger("trainq.worker")
 CANCEL_POLL_S = 0.25
@@ -49,6 +51,7 @@ def train(spec: Any, owner: str | None = None, job_id: str | None = None) -> dic
         raise RuntimeError("worker.tasks.train runs inside an RQ worker")
     settings = Settings()
     db = Database.from_settings(settings)
+    current_job.set(job_id or rq_job.id)
     try:
         return _run(
             job_id or rq_job.id,
@@ -103,7 +106,7 @@ def _run(
         log.info("job %s is not queued (ended, or running elsewhere); not running it", job_id)
         return {"status": "skipped"}
     start_step = resume[1] if resume else 0
-    sink = _Sink(job_id, job.attempt, db, r, settings)
+    sink = _Sink(job_id, job.attempt, worker_name, spec.batch_size, db, r, settings)
     sink.status(
         start_step,
         {
@@ -184,10 +187,20 @@ class _Sink:
     is back; the database keeps the full history either way."""
 
     def __init__(
-        self, job_id: str, attempt: int, db: Database, r: Redis, settings: Settings
+        self,
+        job_id: str,
+        attempt: int,
+        worker: str,
+        batch_size: int,
+        db: Database,
+        r: Redis,
+        settings: Settings,
     ) -> None:
         self.job_id = job_id
         self.attempt = attempt
+        self.worker = worker
+        self.batch_size = batch_size
+        self.cancel_requested = False
         self.db = db
         self.r = r
         self.maxlen = settings.metrics_maxlen
@@ -227,12 +240,25 @@ class _Sink:
         try:
             publish_steps(self.r, self.job_id, self.unpublished, self.maxlen)
             self.unpublished = []
+            last = points[-1]
+            publish_worker_stats(
+                self.r,
+                self.worker,
+                {
+                    "job_id": self.job_id,
+                    "images_per_second": last.images_per_second,
+                    "step_seconds": self.batch_size / max(last.images_per_second, 1e-9),
+                    "memory_allocated": last.memory_allocated,
+                    "memory_reserved": last.memory_reserved,
+                    "memory_peak": last.memory_peak,
+                },
+            )
         except RedisError as e:
             log.warning("job %s: Redis unavailable (%s); %d steps wait", self.job_id, e,
                         len(self.unpublished))  # fmt: skip
         if time.monotonic() >= self.next_heartbeat:
             with self.db.session() as s:
-                heartbeat(s, job_id=self.job_id, attempt=self.attempt)
+                self.cancel_requested = heartbeat(s, job_id=self.job_id, attempt=self.attempt)
             self.next_heartbeat = time.monotonic() + self.heartbeat_every
 
     def on_epoch(self, m: EpochMetrics) -> None:
@@ -271,6 +297,8 @@ class _Sink:
                 pass  # the database has them
 
     def should_stop(self) -> bool:
+        if self.cancel_requested:
+            return True
         now = time.monotonic()
         if now < self.next_cancel_check:
             return False

@@ -115,3 +115,33 @@ def test_list_is_newest_first_with_cursors_and_a_status_filter(service: Service)
     assert r.status_code == 422
     for job in c.jobs(status="queued"):
         assert job["status"] == "queued"
+
+
+def test_chunked_body_over_the_limit_is_413(service: Service) -> None:
+    def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(40):
+            yield b" " * 65536  # 2.5 MiB in all, with no Content-Length
+
+    r = httpx.post(
+        f"{service.url}/jobs",
+        content=chunks(),
+        headers={**auth(service.keys[0]), "content-type": "application/json"},
+    )
+    assert r.status_code == 413
+
+
+def test_prometheus_metrics(service: Service, alice_job: str) -> None:
+    assert httpx.get(f"{service.url}/metrics").status_code == 401
+    assert httpx.get(f"{service.url}/jobs/{alice_job}", headers=auth(service.keys[0])).is_success
+    r = httpx.get(f"{service.url}/metrics", headers=auth(service.keys[0]))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    for name in (
+        'trainq_jobs{status="queued"}',
+        "trainq_queue_depth",
+        "trainq_workers_alive 1.0",
+        "trainq_api_request_seconds_bucket",
+        'route="/jobs/{job_id}"',
+    ):
+        assert name in text, name
+    assert alice_job not in text  # label values are route templates, never ids

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from core.db import Database, JobStatus
+from core.errors import JobSuperseded
 from core.migrate import upgrade
 from core.spec import JobSpec
 from core.store import (
@@ -16,7 +17,9 @@ from core.store import (
     create_job,
     end_job,
     get_job,
+    heartbeat,
     request_cancel,
+    requeue_job,
     save_epoch,
     step_metrics,
     succeed_job,
@@ -51,7 +54,9 @@ def test_terminal_status_never_reverts(db: Database) -> None:
         assert end_job(s, job_id=job_id, status=JobStatus.failed, code="x", message="y")
     with db.session() as s:
         assert claim_job(s, job_id=job_id, worker="w2", device="cpu") is None
-        assert not succeed_job(s, job_id=job_id, result={}, record={}, model=b"m", sha256="0")
+        assert not succeed_job(
+            s, job_id=job_id, attempt=1, result={}, record={}, model=b"m", sha256="0"
+        )
         assert not end_job(s, job_id=job_id, status=JobStatus.canceled)
         assert request_cancel(s, job_id=job_id) is None
     with db.session() as s:
@@ -61,15 +66,39 @@ def test_terminal_status_never_reverts(db: Database) -> None:
 
 def test_a_rerun_epoch_replaces_its_steps(db: Database) -> None:
     job_id = new_job(db)
+    with db.session() as s:
+        claim_job(s, job_id=job_id, worker="w", device="cpu")
     epoch = EpochMetrics(1, 3, 0.5, 0.9, 0.4, 0.9, 1.0, 100.0)
-    with db.session() as s:
-        save_epoch(
-            s, job_id=job_id, epoch=epoch, steps=[point(i, 1.0) for i in (1, 2, 3)], checkpoint=b"a"
-        )
-    with db.session() as s:
-        save_epoch(
-            s, job_id=job_id, epoch=epoch, steps=[point(i, 2.0) for i in (1, 2, 3)], checkpoint=b"b"
-        )
+    for loss in (1.0, 2.0):
+        with db.session() as s:
+            save_epoch(
+                s,
+                job_id=job_id,
+                attempt=1,
+                epoch=epoch,
+                steps=[point(i, loss) for i in (1, 2, 3)],
+                checkpoint=b"a",
+            )
     with db.session() as s:
         rows = step_metrics(s, job_id=job_id, after=0, limit=100)
         assert [(r.step, r.loss) for r in rows] == [(1, 2.0), (2, 2.0), (3, 2.0)]
+
+
+def test_a_requeued_jobs_old_attempt_is_fenced_off(db: Database) -> None:
+    job_id = new_job(db)
+    with db.session() as s:
+        claim_job(s, job_id=job_id, worker="w1", device="cpu")
+    with db.session() as s:
+        assert requeue_job(s, job_id=job_id, attempt=1, queue_entry=f"{job_id}-a2")
+        assert not requeue_job(s, job_id=job_id, attempt=1, queue_entry="again")  # one winner
+    with db.session() as s:
+        job = claim_job(s, job_id=job_id, worker="w2", device="cpu")
+        assert job is not None and job.attempt == 2
+    epoch = EpochMetrics(1, 1, 0.5, 0.9, 0.4, 0.9, 1.0, 100.0)
+    with pytest.raises(JobSuperseded), db.session() as s:
+        save_epoch(s, job_id=job_id, attempt=1, epoch=epoch, steps=[point(1, 1.0)], checkpoint=None)
+    with db.session() as s:
+        assert not succeed_job(
+            s, job_id=job_id, attempt=1, result={}, record={}, model=b"m", sha256="0"
+        )
+        assert heartbeat(s, job_id=job_id, attempt=2) is False

@@ -1,0 +1,103 @@
+"""GET /metrics in Prometheus format: jobs by status, queue depth, workers alive, each
+worker's training images/s, step time and GPU memory, and API request latency."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from rq import Worker
+from rq.serializers import JSONSerializer
+from sqlalchemy import func, select
+from starlette.routing import Match
+
+from api.deps import CallerDep
+from core.db import Job, JobStatus
+from core.queue import job_queue
+from core.worker_stats import read_worker_stats
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class ServiceCollector(Collector):
+    """Read at scrape time from the database and Redis, so every API process agrees."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self.app.state
+        jobs = GaugeMetricFamily("trainq_jobs", "Jobs by status.", labels=["status"])
+        with state.db.sessions() as s:
+            counts = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+        for status in JobStatus:
+            jobs.add_metric([status.value], counts.get(status.value, 0))
+        yield jobs
+        r = state.redis
+        q = job_queue(r, state.settings.queue)
+        yield GaugeMetricFamily("trainq_queue_depth", "Jobs waiting in the queue.", value=q.count)
+        alive = len(Worker.all(connection=r, queue=q, serializer=JSONSerializer))
+        yield GaugeMetricFamily("trainq_workers_alive", "Registered RQ workers.", value=alive)
+        yield from self._worker_gauges(read_worker_stats(r))
+
+    def _worker_gauges(self, stats: dict[str, dict[str, str]]) -> Iterator[GaugeMetricFamily]:
+        specs = [
+            ("images_per_second", "trainq_worker_images_per_second", "Training images/s."),
+            ("step_seconds", "trainq_worker_step_seconds", "Seconds per training step."),
+            ("memory_allocated", "trainq_worker_gpu_memory_allocated_bytes", "GPU memory."),
+            ("memory_reserved", "trainq_worker_gpu_memory_reserved_bytes", "GPU memory."),
+            ("memory_peak", "trainq_worker_gpu_memory_peak_bytes", "GPU memory peak."),
+        ]
+        for field, name, doc in specs:
+            g = GaugeMetricFamily(name, doc, labels=["worker"])
+            for worker, values in stats.items():
+                if field in values:
+                    g.add_metric([worker], float(values[field]))
+            yield g
+
+
+def _route_template(app: FastAPI, request: Request) -> str:
+    for route in app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is Match.FULL:
+            return str(getattr(route, "path", "unmatched"))
+    return "unmatched"
+
+
+def install(app: FastAPI) -> None:
+    registry = CollectorRegistry()
+    latency = Histogram(
+        "trainq_api_request_seconds",
+        "API request latency.",
+        ["method", "route", "status"],
+        buckets=LATENCY_BUCKETS,
+        registry=registry,
+    )
+    registry.register(ServiceCollector(app))
+
+    @app.middleware("http")
+    async def time_requests(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        start = time.perf_counter()
+        response = await call_next(request)
+        path = _route_template(app, request)  # the template: no ids in label values
+        latency.labels(request.method, path, str(response.status_code)).observe(
+            time.perf_counter() - start
+        )
+        return response
+
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        summary="Prometheus metrics",
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+    )
+    def metrics(_: CallerDep) -> Response:
+        """Needs a key like every route but /health (Prometheus: `authorization` in the
+        scrape config)."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

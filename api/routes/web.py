@@ -1,0 +1,67 @@
+"""The web dashboard: `GET /` serves the page, `GET /static/{name}` its files.
+
+The page needs no key to load: it asks for one and sends it on every API call itself. Only
+the files that are in `api/static/` when the API starts can be served, looked up by exact
+name, so no path from a request ever reaches the file system (no traversal, no listing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import FileResponse
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+MEDIA_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+}
+# Everything from this origin, nothing from anywhere else; no inline script or style.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    # Revalidate each time (ETag/Last-Modified make that cheap): a new release shows at once.
+    "Cache-Control": "no-cache",
+}
+
+
+def _files() -> dict[str, Path]:
+    """The servable files, by name: plain files directly in STATIC_DIR with a known type."""
+    if not STATIC_DIR.is_dir():
+        return {}
+    return {
+        p.name: p
+        for p in STATIC_DIR.iterdir()
+        if p.is_file() and not p.is_symlink() and p.suffix in MEDIA_TYPES
+    }
+
+
+FILES = _files()
+router = APIRouter(include_in_schema=False)
+
+
+def _serve(name: str) -> FileResponse:
+    path = FILES.get(name)
+    if path is None:
+        raise HTTPException(404, detail="not found")
+    return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers=HEADERS)
+
+
+@router.get("/")
+def index() -> FileResponse:
+    return _serve("index.html")
+
+
+@router.get("/static/{name}")
+def static(name: str) -> FileResponse:
+    return _serve(name)
