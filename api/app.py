@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from redis.asyncio import Redis as AsyncRedis
 
 from api import errors, observability
@@ -44,6 +44,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         lifespan=lifespan,
         # 413 before the body is parsed, chunked uploads included; /predict allows more.
         max_body_size=MAX_BODY_BYTES,
+        dependencies=[Depends(observability.record_route)],
     )
     errors.install(app)
     observability.install(app)

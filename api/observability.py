@@ -13,7 +13,6 @@ from prometheus_client.registry import Collector
 from rq import Worker
 from rq.serializers import JSONSerializer
 from sqlalchemy import func, select
-from starlette.routing import Match
 
 from api.deps import CallerDep
 from core.db import Job, JobStatus
@@ -60,12 +59,10 @@ class ServiceCollector(Collector):
             yield g
 
 
-def _route_template(app: FastAPI, request: Request) -> str:
-    for route in app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match is Match.FULL:
-            return str(getattr(route, "path", "unmatched"))
-    return "unmatched"
+def record_route(request: Request) -> None:
+    """An app-wide dependency: the matched route's template, for the latency label."""
+    route = request.scope.get("route")
+    request.state.route = getattr(route, "path", "unmatched")
 
 
 def install(app: FastAPI) -> None:
@@ -84,8 +81,9 @@ def install(app: FastAPI) -> None:
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         start = time.perf_counter()
+        request.state.route = "unmatched"  # made here, so the route's copy of scope shares it
         response = await call_next(request)
-        path = _route_template(app, request)  # the template: no ids in label values
+        path = request.state.route  # the template: no ids in label values
         latency.labels(request.method, path, str(response.status_code)).observe(
             time.perf_counter() - start
         )
