@@ -10,13 +10,12 @@ from redis.asyncio import Redis as AsyncRedis
 
 from api import errors, observability
 from api.auth import KeyRing
-from api.routes import health, jobs, web
+from api.routes import health, jobs, predict, web
 from core.config import Settings
 from core.db import Database
 from core.redis_server import connect
 
 MAX_BODY_BYTES = 1 << 20  # a job spec is a few hundred bytes
-MAX_PREDICT_BYTES = 40 << 20  # up to 32 images of up to 1 MiB each
 
 
 def create_app(settings: Settings, redis_url: str) -> FastAPI:
@@ -42,7 +41,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         "TorchScript models. Every route but /health needs `Authorization: Bearer <key>`.",
         version="0.1.0",
         lifespan=lifespan,
-        # 413 before the body is parsed, chunked uploads included; /predict allows more.
+        # 413 before the body is parsed, chunked uploads included; /predict sets its own.
         max_body_size=MAX_BODY_BYTES,
         dependencies=[Depends(observability.record_route)],
     )
@@ -51,5 +50,6 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
 
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(predict.router)
     app.include_router(web.router)
     return app

@@ -60,7 +60,18 @@ asyncio.run(main())
 
 def load(svc: Service, method: str, path: str, n: int, clients: int) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-c", LOAD, svc.url, svc.keys[0], path, method, str(n), str(clients), "60"],
+        [
+            sys.executable,
+            "-c",
+            LOAD,
+            svc.url,
+            svc.keys[0],
+            path,
+            method,
+            str(n),
+            str(clients),
+            "60",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -81,7 +92,8 @@ async def _follow(url: str, key: str, job_id: str, seen: list[int]) -> None:
             elif line.startswith("data:") and event == "step":
                 seen.append(json.loads(line[5:])["step"])
             elif line.startswith("data:") and event == "status":
-                if json.loads(line[5:])["status"] in ("succeeded", "failed", "canceled"):
+                ended = json.loads(line[5:])["status"] in ("succeeded", "failed", "canceled")
+                if ended:
                     return
 
 
@@ -94,9 +106,7 @@ def fan_out(svc: Service, clients: int) -> dict[str, Any]:
     seen: list[list[int]] = [[] for _ in range(clients)]
 
     async def run() -> None:
-        await asyncio.gather(
-            *[_follow(svc.url, svc.keys[0], followed["id"], s) for s in seen]
-        )
+        await asyncio.gather(*[_follow(svc.url, svc.keys[0], followed["id"], s) for s in seen])
 
     asyncio.run(asyncio.wait_for(run(), timeout=180))
     done = c.job(followed["id"])

@@ -52,9 +52,9 @@ def job_out(job: Job, r: Redis | None = None) -> JobOut:
             "id": job.id,
             "status": job.status,
             "spec": job.spec,
-            "created_at": job.created_at,
-            "started_at": job.started_at,
-            "finished_at": job.finished_at,
+            "created_at": utc(job.created_at),
+            "started_at": utc(job.started_at),
+            "finished_at": utc(job.finished_at),
             "attempt": job.attempt,
             "worker": job.worker,
             "device": job.device,
@@ -80,6 +80,11 @@ def job_out(job: Job, r: Redis | None = None) -> JobOut:
             },
         }
     )
+
+
+def utc(t: dt.datetime | None) -> dt.datetime | None:
+    """SQLite hands back naive datetimes; every time trainq stores is UTC."""
+    return t.replace(tzinfo=dt.UTC) if t is not None and t.tzinfo is None else t
 
 
 def visible_job(session: SessionDep, caller: Caller, job_id: uuid.UUID) -> Job:
@@ -196,7 +201,13 @@ def _decode_cursor(cursor: str) -> tuple[str, str]:
         dt.datetime.fromisoformat(created)
         uuid.UUID(job_id)
     except (ValueError, binascii.Error, UnicodeDecodeError) as e:
-        raise HTTPException(422, detail="cursor: not a cursor from a previous page") from e
+        # Shaped like FastAPI's own 422s, as documented: the field named in `loc`.
+        problem = {
+            "loc": ["query", "cursor"],
+            "msg": "not a cursor from a previous page",
+            "type": "value_error",
+        }
+        raise HTTPException(422, detail=[problem]) from e
     return created, job_id
 
 
@@ -218,7 +229,7 @@ def get_metrics(
     session: SessionDep,
     r: RedisDep,
     caller: CallerDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> MetricPage:
     job = visible_job(session, caller, job_id)

@@ -166,6 +166,7 @@ class _Target:
 @router.post(
     "/{job_id}/predict",
     response_model=PredictOut,
+    max_body_size=MAX_BODY_BYTES,  # above the app's 1 MiB: up to 32 images
     responses={
         **ERRORS,
         409: {"model": Problem, "description": "The job has not succeeded (yet)."},

@@ -470,7 +470,7 @@ function openJob(id, signal) {
   showView("job-view");
   job = { id, data: null, steps: [], epochs: [], recordLoaded: false };
   $("#job-id").textContent = id;
-  setStatus("…");
+  setStatus("…", { reset: true });
   show($("#job-error"), "");
   show($("#job-message"), "");
   $("#record").textContent = "Available once the job has ended.";
@@ -482,8 +482,11 @@ function openJob(id, signal) {
   followEvents(id, signal, (kind, data, eventId) => onJobEvent(id, kind, data, eventId));
 }
 
-function setStatus(status) {
+// An ended job never runs again, so a terminal status is final: a poll answered just
+// before the job ended must not turn "canceled" back into "running" (reset opens a job).
+function setStatus(status, { reset = false } = {}) {
   const node = $("#job-status");
+  if (!reset && TERMINAL.has(node.dataset.status) && !TERMINAL.has(status)) return;
   node.textContent = status;
   node.className = `status status-${status}`;
   node.dataset.status = status;
