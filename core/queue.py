@@ -61,3 +61,16 @@ def entry_is_live(r: Redis, queue_entry: str) -> bool:
     except NoSuchJobError:
         return False
     return status in (RQStatus.QUEUED, RQStatus.STARTED, RQStatus.DEFERRED, RQStatus.SCHEDULED)
+
+
+def stop_entry(r: Redis, queue_entry: str) -> bool:
+    """RQ's stop command: the worker running this entry kills its work horse. The fallback
+    for a job that no longer answers (a cooperative cancel is checked between steps)."""
+    from rq.command import send_stop_job_command
+    from rq.exceptions import InvalidJobOperation, NoSuchJobError
+
+    try:
+        send_stop_job_command(r, queue_entry, serializer=JSONSerializer)
+    except (InvalidJobOperation, NoSuchJobError):
+        return False
+    return True

@@ -4,7 +4,8 @@ Run periodically by every `trainq worker` launcher (the guarded updates let any 
 at once). It heals three drifts:
 - a running job whose training loop stopped writing heartbeats (its worker died): requeued
   to resume from its last checkpoint, up to the spec's `max_restarts`, then failed with
-  `worker_lost`; a lost job that was being canceled ends `canceled`;
+  `worker_lost`; a lost job that was being canceled ends `canceled`; a silent work horse
+  that is still there (stuck rather than dead) gets RQ's stop command;
 - a queued job with no live queue entry (a crash between the insert and the enqueue, or a
   Redis that came back empty): enqueued again.
 """
@@ -20,7 +21,7 @@ from redis import Redis
 
 from core.config import Settings
 from core.db import Database, Job, JobStatus, utcnow
-from core.queue import enqueue_job, entry_is_live
+from core.queue import enqueue_job, entry_is_live, stop_entry
 from core.store import end_job, lost_jobs, requeue_job, set_queue_entry, stale_queued_jobs
 from core.stream import publish_status
 
@@ -65,6 +66,10 @@ def reconcile_once(db: Database, r: Redis, settings: Settings) -> Report:
 
 
 def _handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: Report) -> None:
+    # A silent attempt may be stuck rather than dead: stop its work horse, if any, so that it
+    # frees its GPU (its writes are fenced off either way).
+    if job.queue_entry and stop_entry(r, job.queue_entry):
+        log.warning("job %s: sent RQ's stop command to its silent work horse", job.id)
     restarts_used = max(job.attempt - 1, 0)
     max_restarts = int(job.spec.get("max_restarts", 2))
     seen = f"last heartbeat {_aware(job.heartbeat_at)}, worker {job.worker}"

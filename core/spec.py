@@ -3,12 +3,19 @@ the trainer and the database."""
 
 from __future__ import annotations
 
+import uuid
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DATASETS = ("mnist", "fashion-mnist", "kmnist", "mnist-sample")
+USER_DATASET_PREFIX = "ds:"  # "ds:<uuid>": a data set uploaded through POST /datasets
+
+
+def user_dataset_id(name: str) -> str | None:
+    """The uuid of a "ds:<uuid>" data set name, or None for a built-in name."""
+    return name.removeprefix(USER_DATASET_PREFIX) if name.startswith(USER_DATASET_PREFIX) else None
 
 
 class Amp(StrEnum):
@@ -42,8 +49,12 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
-    dataset: Literal["mnist", "fashion-mnist", "kmnist", "mnist-sample"] = Field(
-        "mnist-sample", description="Which data set to train on."
+    dataset: str = Field(
+        "mnist-sample",
+        max_length=64,
+        description="Which data set to train on: one of "
+        f"{', '.join(DATASETS)}, or \"ds:<id>\" for one uploaded with POST /datasets.",
+        examples=["mnist-sample", "ds:3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"],
     )
     epochs: int = Field(5, ge=1, le=200, description="Passes over the training set.")
     batch_size: int = Field(64, ge=1, le=65536, description="Images per training step.")
@@ -84,6 +95,22 @@ class JobSpec(BaseModel):
     max_steps: int | None = Field(
         None, ge=1, le=10**9, description="Stop after this many steps in all (smoke runs)."
     )
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, v: str) -> str:
+        if v in DATASETS:
+            return v
+        ds_id = user_dataset_id(v)
+        if ds_id is not None:
+            try:
+                return USER_DATASET_PREFIX + str(uuid.UUID(ds_id))  # canonical: lower case
+            except ValueError:
+                pass
+        raise ValueError(
+            f"unknown data set {v!r}: use one of {', '.join(DATASETS)}, or \"ds:<id>\" with "
+            "the id of a data set uploaded with POST /datasets"
+        )
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

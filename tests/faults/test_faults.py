@@ -317,3 +317,29 @@ def test_hostile_requests_get_4xx(svc: Service) -> None:
     for path in ("/jobs/..%2F..%2Fetc%2Fpasswd", "/jobs/%00", "/jobs/" + "a" * 5000):
         r = httpx.get(f"{svc.url}{path}", headers=auth)
         assert r.status_code in (404, 414, 422), path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_cancel_of_a_stuck_job_falls_back_to_rqs_stop_command(svc: Service) -> None:
+    c = svc.client()
+    launcher = svc.start_worker()
+    svc.wait_for_workers(1)
+    job = c.submit(SPEC | {"epochs": 20})
+    wait_step(c, job["id"], 10)
+    [rq_worker] = children(launcher.pid)
+    [horse] = children(rq_worker)
+    os.kill(horse, signal.SIGSTOP)  # stuck: it can no longer see the cooperative cancel
+    c.cancel(job["id"])
+    done = wait_status(c, job["id"], "canceled", timeout=60)
+    assert done["error"]["code"] == "canceled"
+    wait_until(lambda: not _alive(horse), 30, "the stuck work horse to be stopped", 0.2)
+    # The worker is free again and runs the next job.
+    after = c.submit(SPEC | {"epochs": 1})
+    assert wait_status(c, after["id"], "succeeded")["attempt"] == 1
