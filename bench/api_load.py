@@ -16,15 +16,11 @@ import asyncio
 import json
 import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from core.train.data import write_mnist_sample
-from tests.service import RedisServer, Service, wait_until
+from tests.service import Service, scratch_service, wait_until
 
 LOAD = r"""
 import asyncio, json, sys, time, httpx
@@ -127,35 +123,21 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--sse-clients", type=int, default=100)
     args = p.parse_args()
-    with tempfile.TemporaryDirectory(prefix="trainq-bench-") as tmp:
-        root = Path(tmp)
-        write_mnist_sample(root / "data" / "mnist-sample" / "MNIST" / "raw")
-        redis = RedisServer(root / "redis")
-        redis.start()
-        svc = Service(
-            data_dir=root / "data", database_url=f"sqlite:///{root / 'trainq.db'}", redis=redis
-        )
-        try:
-            svc.migrate()
-            svc.start_api()
-            job = svc.client().submit({"epochs": 1, "max_steps": 1})
-            results: dict[str, Any] = {
-                "health": load(svc, "GET", "/health", args.requests, args.clients),
-                "post_jobs": load(svc, "POST", "/jobs", args.requests, args.clients),
-                "get_metrics": load(
-                    svc, "GET", f"/jobs/{job['id']}/metrics", args.requests, args.clients
-                ),
-            }
-            svc.start_worker()
-            svc.wait_for_workers(1)
-            # drain the jobs the load made, so the fan-out job runs at once
-            for queued in svc.client().jobs(status="queued"):
-                svc.client().cancel(queued["id"])
-            time.sleep(1)
-            results["sse_fan_out"] = fan_out(svc, args.sse_clients)
-        finally:
-            svc.stop()
-            redis.kill()
+    with scratch_service(workers=0) as svc:
+        c = svc.client()
+        job = c.submit({"epochs": 1, "max_steps": 1})
+        results: dict[str, Any] = {
+            "health": load(svc, "GET", "/health", args.requests, args.clients),
+            "post_jobs": load(svc, "POST", "/jobs", args.requests, args.clients),
+            "get_metrics": load(
+                svc, "GET", f"/jobs/{job['id']}/metrics", args.requests, args.clients
+            ),
+        }
+        for queued in c.jobs(status="queued"):  # the load's jobs: out of the fan-out's way
+            c.cancel(queued["id"])
+        svc.start_worker()
+        svc.wait_for_workers(1)
+        results["sse_fan_out"] = fan_out(svc, args.sse_clients)
     print(json.dumps({"benchmark": "api_load", "uvicorn_processes": 1, **results}, indent=2))
 
 

@@ -15,10 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import shutil
 import statistics
-import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,8 +23,7 @@ from typing import Any
 from core.spec import JobSpec
 from core.stream import publish_steps
 from core.train import Callbacks, train
-from core.train.data import write_mnist_sample
-from tests.service import RedisServer, Service, wait_until
+from tests.service import RedisServer, Service, scratch_service, wait_until
 
 
 def _ts(value: str) -> dt.datetime:
@@ -79,27 +75,10 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
-    with tempfile.TemporaryDirectory(prefix="trainq-bench-") as tmp:
-        root = Path(tmp)
-        write_mnist_sample(root / "data" / "mnist-sample" / "MNIST" / "raw")
-        redis = RedisServer(root / "redis")
-        redis.start()
-        svc = Service(
-            data_dir=root / "data", database_url=f"sqlite:///{root / 'trainq.db'}", redis=redis
-        )
-        try:
-            svc.migrate()
-            svc.start_api()
-            svc.start_worker()
-            svc.wait_for_workers(1)
-            latency = enqueue_to_running(svc, args.jobs)
-            svc.stop()
-            time.sleep(0.5)
-            stream = streaming_cost(root / "data", redis, args.rounds)
-        finally:
-            svc.stop()
-            redis.kill()
-            shutil.rmtree(root / "redis", ignore_errors=True)
+    with scratch_service(workers=1) as svc:
+        latency = enqueue_to_running(svc, args.jobs)
+        svc.stop()  # the streaming runs below train in this process: nothing else competes
+        stream = streaming_cost(svc.data_dir, svc.redis, args.rounds)
     print(
         json.dumps(
             {"benchmark": "service", "enqueue_to_running": latency, "streaming": stream}, indent=2

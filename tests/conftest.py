@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from core.spec import JobSpec
 from core.train import Callbacks, EpochMetrics, StepMetrics, TrainResult, train
 from core.train.data import write_mnist_sample
+from tests.service import Service
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -42,3 +44,27 @@ def default_run(data_dir: Path) -> tuple[TrainResult, Recorder]:
     with warnings.catch_warnings():
         result = train(JobSpec(epochs=5), data_dir=data_dir, callbacks=rec.callbacks())
     return result, rec
+
+
+def _services(item: pytest.Item) -> list[Service]:
+    values = getattr(item, "funcargs", {}).values()
+    return [v for v in values if isinstance(v, Service)]
+
+
+@pytest.fixture(autouse=True)
+def _close_service_clients(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Clients a test opened through a Service are closed after it (filterwarnings=error
+    would turn a leaked socket into a failure of some later test)."""
+    yield
+    for svc in _services(request.node):
+        svc.close_clients()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """On failure, show the logs of the service processes the test used."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for svc in _services(item):
+            report.sections.append(("service logs", svc.logs()))

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -176,6 +177,16 @@ class Service:
                 preexec_fn=limit if data_limit is not None else None,
             )
 
+    def up(self, workers: int = 1) -> Service:
+        """Migrate, then start the API and `workers` CPU workers and wait for them."""
+        self.migrate()
+        self.start_api()
+        for _ in range(workers):
+            self.start_worker()
+        if workers:
+            self.wait_for_workers(workers)
+        return self
+
     def migrate(self) -> None:
         subprocess.run(
             [sys.executable, "-m", "cli", "migrate"],
@@ -263,3 +274,24 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             out.append(int(stat.parent.name))
     return out
+
+
+@contextlib.contextmanager
+def scratch_service(workers: int = 1) -> Iterator[Service]:
+    """For benchmarks: a whole service in a temporary folder (mnist-sample, a redis-server,
+    a SQLite file), taken down afterwards."""
+    from core.train.data import write_mnist_sample
+
+    with tempfile.TemporaryDirectory(prefix="trainq-bench-") as tmp:
+        root = Path(tmp)
+        write_mnist_sample(root / "data" / "mnist-sample" / "MNIST" / "raw")
+        redis = RedisServer(root / "redis")
+        redis.start()
+        svc = Service(
+            data_dir=root / "data", database_url=f"sqlite:///{root / 'trainq.db'}", redis=redis
+        )
+        try:
+            yield svc.up(workers)
+        finally:
+            svc.stop()
+            redis.kill()

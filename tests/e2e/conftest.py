@@ -106,24 +106,17 @@ def service(
     shutil.copytree(data_dir / "mnist-sample", folder / "mnist-sample")
     db = f"sqlite:///{tmp_path_factory.mktemp('db') / 'trainq.db'}"
     svc = Service(data_dir=folder, database_url=db, redis=redis_server)
-    svc.migrate()
-    svc.start_api()
-    svc.start_worker()
-    svc.wait_for_workers(1)
-    yield svc
+    yield svc.up(workers=1)
     svc.stop()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    """On failure, show the service processes' logs and what the page reported."""
+    """On failure, show what the page reported (tests/conftest.py adds the service logs)."""
     outcome = yield
     report = outcome.get_result()
     if not report.failed or not hasattr(item, "funcargs"):
         return
-    svc = item.funcargs.get("service")
-    if isinstance(svc, Service):
-        report.sections.append(("service logs", svc.logs()))
     page = item.funcargs.get("page")
     if page is not None and getattr(page, "problems", None):
         report.sections.append(("page problems", "\n".join(page.problems)))

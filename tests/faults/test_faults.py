@@ -60,15 +60,6 @@ def svc(tmp_path: Path, data_dir: Path) -> Iterator[Service]:
     redis.kill()
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    outcome = yield
-    report = outcome.get_result()
-    svc = item.funcargs.get("svc") if hasattr(item, "funcargs") else None
-    if report.failed and isinstance(svc, Service):
-        report.sections.append(("service logs", svc.logs()))
-
-
 def admin(svc: Service) -> Client:
     return svc.client(svc.admin_key)
 

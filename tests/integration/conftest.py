@@ -39,26 +39,5 @@ def service(
     service_data_dir: Path, database_url: str, redis_server: RedisServer
 ) -> Iterator[Service]:
     svc = Service(data_dir=service_data_dir, database_url=database_url, redis=redis_server)
-    svc.migrate()
-    svc.start_api()
-    svc.start_worker()
-    svc.wait_for_workers(1)
-    yield svc
+    yield svc.up(workers=1)
     svc.stop()
-
-
-@pytest.fixture(autouse=True)
-def _close_clients(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    if "service" in request.fixturenames:
-        request.getfixturevalue("service").close_clients()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    """On failure, show the service processes' logs."""
-    outcome = yield
-    report = outcome.get_result()
-    svc = item.funcargs.get("service") if hasattr(item, "funcargs") else None
-    if report.failed and isinstance(svc, Service):
-        report.sections.append(("service logs", svc.logs()))
