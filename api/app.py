@@ -10,7 +10,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from api import errors, observability
 from api.auth import KeyRing
-from api.routes import health, jobs, predict, web
+from api.routes import datasets, health, jobs, predict, web
 from core.config import Settings
 from core.db import Database
 from core.redis_server import connect
@@ -41,7 +41,8 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         "TorchScript models. Every route but /health needs `Authorization: Bearer <key>`.",
         version="0.1.0",
         lifespan=lifespan,
-        # 413 before the body is parsed, chunked uploads included; /predict sets its own.
+        # 413 before the body is parsed, chunked uploads included; /predict and /datasets
+        # set their own.
         max_body_size=MAX_BODY_BYTES,
         dependencies=[Depends(observability.record_route)],
     )
@@ -51,5 +52,6 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(predict.router)
+    app.include_router(datasets.router)
     app.include_router(web.router)
     return app

@@ -108,3 +108,16 @@ class Health(BaseModel):
 
 class Problem(BaseModel):
     detail: Any
+
+
+class DatasetOut(BaseModel):
+    id: str
+    name: str
+    dataset: str = Field(description='What a job spec names it by: "ds:<id>".')
+    sha256: str = Field(description="Of the canonical .npz (uint8 N×C×H×W images, labels).")
+    size: int = Field(description="Bytes of the canonical .npz.")
+    image_shape: list[int] = Field(description="[C, H, W] of every image.")
+    num_classes: int
+    train_count: int
+    test_count: int
+    created_at: dt.datetime

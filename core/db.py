@@ -148,6 +148,26 @@ class Artifact(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+class UserDataset(Base):
+    """A data set uploaded with POST /datasets, in its canonical .npz form (core.datasets).
+    Immutable once stored. `data` is loaded only when read (the worker's copy)."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (Index("ix_datasets_owner_created", "owner", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(200))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    image_shape: Mapped[list[int]] = mapped_column(JSON)  # [C, H, W]
+    num_classes: Mapped[int] = mapped_column(Integer)
+    train_count: Mapped[int] = mapped_column(Integer)
+    test_count: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+
+
 def make_engine(url: str, *, busy_timeout_s: float = 15.0) -> Engine:
     """SQLite: WAL, a busy timeout, and BEGIN IMMEDIATE so that two writers queue up instead
     of failing later with 'database is locked'. PostgreSQL: a plain pooled engine."""

@@ -27,6 +27,18 @@ class DatasetNotFound(TrainqError):
     code = "dataset_not_found"
 
 
+class InvalidDataset(TrainqError):
+    """An uploaded data set that cannot be used as it is; the message says why."""
+
+    code = "invalid_dataset"
+
+
+class DatasetTooLarge(InvalidDataset):
+    """An upload over one of the size limits (bytes, members, images, or a zip bomb)."""
+
+    code = "dataset_too_large"
+
+
 class TrainingDiverged(TrainqError):
     """The loss became NaN or infinite; the run stops instead of writing NaN metrics."""
 

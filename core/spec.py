@@ -53,7 +53,7 @@ class JobSpec(BaseModel):
         "mnist-sample",
         max_length=64,
         description="Which data set to train on: one of "
-        f"{', '.join(DATASETS)}, or \"ds:<id>\" for one uploaded with POST /datasets.",
+        f'{", ".join(DATASETS)}, or "ds:<id>" for one uploaded with POST /datasets.',
         examples=["mnist-sample", "ds:3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"],
     )
     epochs: int = Field(5, ge=1, le=200, description="Passes over the training set.")
@@ -108,7 +108,7 @@ class JobSpec(BaseModel):
             except ValueError:
                 pass
         raise ValueError(
-            f"unknown data set {v!r}: use one of {', '.join(DATASETS)}, or \"ds:<id>\" with "
+            f'unknown data set {v!r}: use one of {", ".join(DATASETS)}, or "ds:<id>" with '
             "the id of a data set uploaded with POST /datasets"
         )
 

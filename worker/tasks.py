@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -15,13 +18,20 @@ from redis.exceptions import RedisError
 from rq import get_current_job
 
 from core.config import Settings
-from core.db import Database, JobStatus
-from core.errors import InvalidSpec, JobSuperseded, TrainingStopped, TrainqError
+from core.db import Database, JobStatus, UserDataset
+from core.errors import (
+    DatasetNotFound,
+    InvalidSpec,
+    JobSuperseded,
+    TrainingStopped,
+    TrainqError,
+)
 from core.logs import current_job
-from core.spec import JobSpec
+from core.spec import JobSpec, user_dataset_id
 from core.store import (
     claim_job,
     create_job,
+    dataset_data,
     end_job,
     get_job,
     heartbeat,
@@ -34,6 +44,7 @@ from core.store import (
 from core.stream import cancel_key, publish_epoch, publish_status, publish_steps
 from core.train import Callbacks, EpochMetrics, StepMetrics
 from core.train import train as run_training
+from core.train.data import user_dataset_path
 from core.train.loop import RunInfo
 from core.worker_stats import publish_worker_stats
 
@@ -118,6 +129,7 @@ def _run(
         },
     )
     try:
+        place_dataset(db, settings.data_dir, spec.dataset)
         result = run_training(
             spec,
             data_dir=settings.data_dir,
@@ -144,6 +156,39 @@ def _run(
     status = JobStatus.succeeded if ok else _status_of(db, job_id)
     sink.status(result.steps, {"status": status, "result": summary})
     return {"status": status, **summary}
+
+
+def place_dataset(db: Database, data_dir: Path, name: str) -> None:
+    """An uploaded data set ("ds:<id>") goes from the database to the file the trainer reads
+    (core.train.data.user_dataset_path), once per worker host: written atomically, and
+    rewritten if a file is there but is not the stored one."""
+    ds_id = user_dataset_id(name)
+    if ds_id is None:
+        return
+    path = user_dataset_path(name, data_dir)
+    with db.session() as s:
+        if path.exists():
+            row = s.get(UserDataset, ds_id)
+            if row is not None and _sha256(path) == row.sha256:
+                return
+        found = dataset_data(s, dataset_id=ds_id)
+    if found is None:
+        raise DatasetNotFound(f"data set {name!r} does not exist (it was never uploaded)")
+    sha256, blob = found
+    if hashlib.sha256(blob).hexdigest() != sha256:
+        raise DatasetNotFound(f"data set {name!r}: the stored copy failed its sha256 check")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # workers sharing a data folder may race
+    tmp.write_bytes(blob)
+    os.replace(tmp, path)  # atomic: the trainer never sees half a file
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _validate(raw: Any) -> tuple[JobSpec | None, str | None]:

@@ -20,12 +20,13 @@ from api.events import event_stream
 from api.schemas import EpochOut, JobOut, JobPage, MetricPage, MetricPoint, Problem
 from core.db import Job, JobStatus
 from core.queue import enqueue_job
-from core.spec import JobSpec
+from core.spec import JobSpec, user_dataset_id
 from core.store import (
     create_job,
     epoch_metrics,
     find_by_idempotency_key,
     get_artifact,
+    get_dataset,
     get_job,
     list_jobs,
     request_cancel,
@@ -117,6 +118,7 @@ def submit_job(
     settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Any:
+    _check_dataset(session, caller, spec)
     if idempotency_key is not None:
         existing = find_by_idempotency_key(session, owner=caller.owner, key=idempotency_key)
         if existing is not None:
@@ -153,6 +155,24 @@ def submit_job(
         raise
     response.headers["Location"] = f"/jobs/{job_id}"
     return job_out(job)
+
+
+def _check_dataset(session: SessionDep, caller: Caller, spec: JobSpec) -> None:
+    """An uploaded data set ("ds:<id>") must exist and be visible to the caller; 422 on the
+    field otherwise (another owner's set is reported exactly like a missing one)."""
+    ds_id = user_dataset_id(spec.dataset)
+    if ds_id is None:
+        return
+    ds = get_dataset(session, dataset_id=ds_id)
+    if ds is None or not (caller.admin or ds.owner == caller.owner):
+        problem = {
+            "loc": ["body", "dataset"],
+            "msg": f"no data set {ds_id}: upload one with POST /datasets, or list yours "
+            "with GET /datasets",
+            "type": "dataset_not_found",
+            "input": spec.dataset,
+        }
+        raise HTTPException(422, detail=[problem])
 
 
 def _replay(existing: Job, spec: JobSpec, r: Redis) -> JSONResponse:

@@ -16,11 +16,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
+from torch.utils.data import Dataset as TorchDataset
 from torchvision import datasets, transforms
 
 from core.errors import DatasetNotFound
+from core.spec import user_dataset_id
 
 _TORCHVISION = {
     "mnist": datasets.MNIST,
@@ -61,17 +64,32 @@ class Dataset:
 
 
 def dataset_root(name: str, data_dir: Path) -> Path:
-    """mnist-sample lives apart so that it never shadows a full MNIST in the same folder."""
+    """mnist-sample lives apart so that it never shadows a full MNIST in the same folder;
+    uploaded sets ("ds:<id>") are canonical .npz files that the worker places by id."""
+    if user_dataset_id(name) is not None:
+        return data_dir / "datasets" / "by-id"
     return data_dir / "mnist-sample" if name == "mnist-sample" else data_dir
+
+
+def user_dataset_path(name: str, data_dir: Path) -> Path:
+    """Where the canonical .npz of the uploaded data set `ds:<id>` is read from."""
+    ds_id = user_dataset_id(name)
+    if ds_id is None:
+        raise ValueError(f"{name!r} is not an uploaded data set (ds:<id>)")
+    return dataset_root(name, data_dir) / f"{ds_id}.npz"
 
 
 def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Dataset:
     root = dataset_root(name, data_dir)
-    if name == "mnist-sample":
-        write_mnist_sample(root / "MNIST" / "raw")
-    train_set = _torchvision_set(name, root, train=True, download=download)
-    test_set = _torchvision_set(name, root, train=False, download=False)
-    train, test = _split(train_set), _split(test_set)
+    num_classes: int | None = None
+    if user_dataset_id(name) is not None:
+        train, test, num_classes = _load_npz(name, user_dataset_path(name, data_dir))
+    else:
+        if name == "mnist-sample":
+            write_mnist_sample(root / "MNIST" / "raw")
+        train_set = _torchvision_set(name, root, train=True, download=download)
+        test_set = _torchvision_set(name, root, train=False, download=False)
+        train, test = _split(train_set), _split(test_set)
     pixels = train.images.float().div_(255)
     digest = hashlib.sha256()
     for t in (train.images, train.labels, test.images, test.labels):
@@ -84,8 +102,32 @@ def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Datase
         mean=float(pixels.mean()),
         std=float(pixels.std()),
         sha256=digest.hexdigest(),
-        num_classes=int(max(train.labels.max(), test.labels.max())) + 1,
+        num_classes=num_classes or int(max(train.labels.max(), test.labels.max())) + 1,
     )
+
+
+def _load_npz(name: str, path: Path) -> tuple[Split, Split, int | None]:
+    """A canonical .npz (core.datasets): uint8 images (N, C, H, W), int64 labels, and
+    `num_classes`. Loaded without pickle."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+            num_classes = int(npz["num_classes"]) if "num_classes" in npz.files else None
+    except FileNotFoundError as e:
+        raise DatasetNotFound(f"data set {name!r}: its file {path} is missing") from e
+    except (OSError, ValueError, KeyError) as e:
+        raise DatasetNotFound(f"data set {name!r}: {path} is not a usable .npz ({e})") from e
+    splits = []
+    for x, y in ((arrays["x_train"], arrays["y_train"]), (arrays["x_test"], arrays["y_test"])):
+        if x.dtype != np.uint8 or x.ndim != 4 or y.ndim != 1 or len(x) != len(y):
+            raise DatasetNotFound(f"data set {name!r}: {path} is not in the canonical form")
+        splits.append(
+            Split(
+                images=torch.from_numpy(np.ascontiguousarray(x)),
+                labels=torch.from_numpy(y.astype(np.int64)),
+            )
+        )
+    return splits[0], splits[1], num_classes
 
 
 def _torchvision_set(
@@ -212,11 +254,16 @@ def loader_batches(
     persistent_workers: bool,
     prefetch_factor: int,
 ) -> LoaderBatches:
-    """The article's input pipeline: ToTensor + Normalize per PIL image in DataLoader workers."""
-    tf = transforms.Compose(
-        [transforms.ToTensor(), transforms.Normalize((dataset.mean,), (dataset.std,))]
-    )
-    ds = _torchvision_set(dataset.name, dataset.root, train=True, download=False, transform=tf)
+    """The article's input pipeline: ToTensor + Normalize per PIL image in DataLoader workers
+    (per uint8 tensor for an uploaded data set, which has no torchvision loader)."""
+    ds: _NormalizedImages | datasets.MNIST
+    if user_dataset_id(dataset.name) is not None:
+        ds = _NormalizedImages(dataset.train, dataset.mean, dataset.std)
+    else:
+        tf = transforms.Compose(
+            [transforms.ToTensor(), transforms.Normalize((dataset.mean,), (dataset.std,))]
+        )
+        ds = _torchvision_set(dataset.name, dataset.root, train=True, download=False, transform=tf)
     g = torch.Generator().manual_seed(seed)
     loader = DataLoader(
         ds,
@@ -230,6 +277,22 @@ def loader_batches(
         drop_last=len(ds) % batch_size == 1,
     )
     return LoaderBatches(loader, g, device, channels_last, seed)
+
+
+class _NormalizedImages(TorchDataset[tuple[torch.Tensor, torch.Tensor]]):
+    """One normalised float image and its label per item (picklable for worker processes)."""
+
+    def __init__(self, split: Split, mean: float, std: float) -> None:
+        self.split = split
+        self.mean = mean
+        self.std = std
+
+    def __len__(self) -> int:
+        return len(self.split.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.split.images[i].float().div_(255).sub_(self.mean).div_(self.std)
+        return x, self.split.labels[i]
 
 
 class LoaderBatches:

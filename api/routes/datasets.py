@@ -1,0 +1,129 @@
+"""/datasets: upload a data set of one's own, list them, inspect one.
+
+An upload is an .npz, a zip of one folder of images per class, or a zip of the four MNIST
+IDX files (core.datasets checks it and makes the canonical .npz that training reads). The
+same keys and tenancy as jobs: each key sees its own data sets (others' are 404), admins
+see all."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, HTTPException, Response, UploadFile
+from sqlalchemy.orm import Session
+
+from api.auth import Caller
+from api.deps import CallerDep, SessionDep
+from api.routes.jobs import utc
+from api.schemas import DatasetOut, Problem
+from core.datasets import MAX_UPLOAD_BYTES, parse_upload
+from core.db import UserDataset
+from core.errors import DatasetTooLarge, InvalidDataset
+from core.spec import USER_DATASET_PREFIX
+from core.store import create_dataset, get_dataset, list_datasets
+
+router = APIRouter(prefix="/datasets", tags=["datasets"])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "Missing or unknown API key."},
+    404: {"model": Problem, "description": "No such data set (or not yours)."},
+}
+BODY_SLACK = 64 << 10  # multipart headers, boundaries and the name field
+DatasetId = Annotated[uuid.UUID, "a data set id"]
+
+
+def dataset_out(ds: UserDataset) -> DatasetOut:
+    return DatasetOut.model_validate(
+        {
+            "id": ds.id,
+            "name": ds.name,
+            "dataset": f"{USER_DATASET_PREFIX}{ds.id}",
+            "sha256": ds.sha256,
+            "size": ds.size,
+            "image_shape": ds.image_shape,
+            "num_classes": ds.num_classes,
+            "train_count": ds.train_count,
+            "test_count": ds.test_count,
+            "created_at": utc(ds.created_at),
+        }
+    )
+
+
+def visible_dataset(session: Session, caller: Caller, dataset_id: str) -> UserDataset | None:
+    """The data set, if this caller may see (and so train on) it."""
+    ds = get_dataset(session, dataset_id=dataset_id)
+    if ds is None or not (caller.admin or ds.owner == caller.owner):
+        return None
+    return ds
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetOut,
+    max_body_size=MAX_UPLOAD_BYTES + BODY_SLACK,  # above the app's 1 MiB
+    responses={
+        **ERRORS,
+        413: {"model": Problem, "description": "Over a size limit (bytes, images, zip bomb)."},
+        422: {"description": "Not a usable data set; `detail[].msg` says why."},
+    },
+    summary="Upload a data set",
+    description="Multipart: `file` (an .npz with uint8 `x_train`, `x_test` images "
+    "(N,H,W), (N,H,W,C) or (N,C,H,W), C 1 or 3, and integer `y_train`, `y_test` labels; or a "
+    "zip of `<class_name>/<image>.png|jpg` folders, split 80/20 per class; or a zip of the four "
+    "MNIST IDX files, .gz or not) and `name`. At most 200 MiB, 200,000 images of at most "
+    '256×256, 2 to 1,000 classes. Train on it with `"dataset": "ds:<id>"`.',
+)
+def upload_dataset(
+    file: Annotated[UploadFile, File(description="The .npz or .zip.")],
+    name: Annotated[str, Form(min_length=1, max_length=200)],
+    response: Response,
+    session: SessionDep,
+    caller: CallerDep,
+) -> DatasetOut:
+    # A sync route: FastAPI runs it in the threadpool, so reading and parsing never block
+    # the event loop. The body is already spooled (and capped by max_body_size).
+    if file.size is not None and file.size > MAX_UPLOAD_BYTES:
+        raise HTTPException(
+            413, detail=f"file is {file.size} bytes: at most {MAX_UPLOAD_BYTES} (200 MiB)"
+        )
+    data = file.file.read(MAX_UPLOAD_BYTES + 1)
+    try:
+        parsed = parse_upload(data)
+    except DatasetTooLarge as e:
+        raise HTTPException(413, detail=e.message) from e
+    except InvalidDataset as e:
+        problem = {"type": e.code, "loc": ["body", "file"], "msg": e.message}
+        raise HTTPException(422, detail=[problem]) from e
+    del data
+    ds = create_dataset(
+        session,
+        dataset_id=str(uuid.uuid4()),
+        owner=caller.owner,
+        name=name,
+        npz=parsed.npz,
+        sha256=parsed.sha256,
+        image_shape=parsed.image_shape,
+        num_classes=parsed.num_classes,
+        train_count=parsed.train_count,
+        test_count=parsed.test_count,
+    )
+    session.commit()
+    response.headers["Location"] = f"/datasets/{ds.id}"
+    return dataset_out(ds)
+
+
+@router.get(
+    "", response_model=list[DatasetOut], responses=ERRORS, summary="List data sets, newest first"
+)
+def get_datasets(session: SessionDep, caller: CallerDep) -> list[DatasetOut]:
+    rows = list_datasets(session, owner=caller.owner, all_owners=caller.admin)
+    return [dataset_out(ds) for ds in rows]
+
+
+@router.get("/{dataset_id}", response_model=DatasetOut, responses=ERRORS, summary="One data set")
+def get_one_dataset(dataset_id: DatasetId, session: SessionDep, caller: CallerDep) -> DatasetOut:
+    ds = visible_dataset(session, caller, str(dataset_id))
+    if ds is None:
+        raise HTTPException(404, detail=f"no data set {dataset_id}")
+    return dataset_out(ds)

@@ -1,0 +1,416 @@
+"""User data sets: an upload (an .npz, a zip of one folder of images per class, or a zip of
+the four MNIST IDX files) checked and turned into the canonical form the trainer reads: an
+.npz of uint8 images (N, C, H, W) and int64 labels, train and test.
+
+Nothing here trusts the upload: zip members are counted and sized before anything is
+decompressed (and never decompressed past their declared size), paths are checked, arrays
+are loaded without pickle, images' sizes are read from their headers before decoding."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import struct
+import zipfile
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image
+
+from core.errors import DatasetTooLarge, InvalidDataset
+
+MAX_UPLOAD_BYTES = 200 << 20  # the body of POST /datasets
+MAX_UNCOMPRESSED_BYTES = 1 << 30  # a zip's members, all together; also the pixels stored
+MAX_MEMBERS = 300_000
+MAX_RATIO = 100  # uncompressed / compressed, for members over RATIO_FLOOR bytes
+RATIO_FLOOR = 1 << 20
+MAX_IMAGES = 200_000
+MAX_SIDE = 256
+MIN_SIDE = 4  # two 2×2 poolings
+MIN_CLASSES, MAX_CLASSES = 2, 1000
+TRAIN_FRACTION = 0.8  # folder-per-class zips: a stratified, seeded split
+SPLIT_SEED = 0
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+IDX_NAMES = {
+    "train-images-idx3-ubyte": "x_train",
+    "train-labels-idx1-ubyte": "y_train",
+    "t10k-images-idx3-ubyte": "x_test",
+    "t10k-labels-idx1-ubyte": "y_test",
+}
+
+U8 = npt.NDArray[np.uint8]
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class ParsedDataset:
+    """The canonical .npz and what is known about it."""
+
+    npz: bytes
+    sha256: str  # of `npz`
+    image_shape: tuple[int, int, int]  # C, H, W
+    num_classes: int
+    train_count: int
+    test_count: int
+    classes: tuple[str, ...] | None  # folder names, for a folder-per-class zip
+
+
+def parse_upload(data: bytes) -> ParsedDataset:
+    """Any of the three upload forms -> the canonical data set, or InvalidDataset /
+    DatasetTooLarge naming the problem."""
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise DatasetTooLarge(f"the upload is {len(data)} bytes: at most {MAX_UPLOAD_BYTES}")
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        raise InvalidDataset(
+            "not an .npz or .zip file: upload an .npz (x_train, y_train, x_test, y_test), a "
+            "zip of one folder of PNG/JPEG images per class, or a zip of the four MNIST IDX files"
+        )
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            members = checked_members(zf)
+            names = {m.filename for m in members}
+            if {f"{k}.npy" for k in NPZ_KEYS} & names:
+                x_train, y_train, x_test, y_test = _from_npz(data)
+                classes = None
+            elif any(_idx_key(m.filename) for m in members):
+                x_train, y_train, x_test, y_test = _from_idx(zf, members)
+                classes = None
+            else:
+                x_train, y_train, x_test, y_test, classes = _from_folders(zf, members)
+    except InvalidDataset:
+        raise
+    except Exception as e:  # BadZipFile, unsupported compression, encrypted members, zlib...
+        raise InvalidDataset(f"the file could not be read: {type(e).__name__}: {e}") from e
+    return canonical(x_train, y_train, x_test, y_test, classes)
+
+
+def checked_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
+    """The zip's files that matter, after the zip-bomb and path guards: at most MAX_MEMBERS
+    entries and MAX_UNCOMPRESSED_BYTES in all, no member compressed more than MAX_RATIO
+    times, no absolute path or `..`; directories, `__MACOSX/` and dotfiles are skipped."""
+    infos = zf.infolist()
+    if len(infos) > MAX_MEMBERS:
+        raise DatasetTooLarge(f"the zip has {len(infos)} members: at most {MAX_MEMBERS}")
+    total = sum(i.file_size for i in infos)
+    if total > MAX_UNCOMPRESSED_BYTES:
+        raise DatasetTooLarge(
+            f"the zip holds {total} bytes uncompressed: at most {MAX_UNCOMPRESSED_BYTES} (1 GiB)"
+        )
+    out = []
+    for info in infos:
+        name = info.filename
+        parts = name.replace("\\", "/").split("/")
+        if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or ".." in parts:
+            raise InvalidDataset(f"zip member {name!r}: absolute paths and '..' are refused")
+        if info.file_size > RATIO_FLOOR and info.file_size > MAX_RATIO * max(info.compress_size, 1):
+            raise DatasetTooLarge(
+                f"zip member {name!r} expands {info.file_size // max(info.compress_size, 1)} "
+                f"times: at most {MAX_RATIO} (a zip bomb?)"
+            )
+        if info.is_dir() or parts[0] == "__MACOSX" or any(p.startswith(".") for p in parts):
+            continue
+        out.append(info)
+    return out
+
+
+def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """A member's bytes, never more than its declared size (a lying header is refused)."""
+    with zf.open(info) as f:
+        data = f.read(info.file_size + 1)
+    if len(data) != info.file_size:
+        raise InvalidDataset(f"zip member {info.filename!r} is not the size its header says")
+    return data
+
+
+# ---------------------------------------------------------------------------- .npz
+
+
+def _from_npz(data: bytes) -> tuple[U8, I64, U8, I64]:
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            missing = [k for k in NPZ_KEYS if k not in npz.files]
+            if missing:
+                raise InvalidDataset(
+                    f"the .npz lacks {', '.join(missing)}: it needs {', '.join(NPZ_KEYS)}"
+                )
+            arrays = {k: npz[k] for k in NPZ_KEYS}
+    except ValueError as e:  # "Object arrays cannot be loaded when allow_pickle=False", ...
+        if "allow_pickle" in str(e):
+            raise InvalidDataset("the .npz holds pickled (object) arrays: refused") from e
+        raise InvalidDataset(f"the .npz could not be read: {e}") from e
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise InvalidDataset(f"the .npz could not be read: {e}") from e
+    x_train = _images(arrays["x_train"], "x_train")
+    x_test = _images(arrays["x_test"], "x_test")
+    return (
+        x_train,
+        _labels(arrays["y_train"], "y_train"),
+        x_test,
+        _labels(arrays["y_test"], "y_test"),
+    )
+
+
+def _images(x: np.ndarray[Any, Any], key: str) -> U8:
+    """uint8 (N,H,W), (N,H,W,C) or (N,C,H,W) with C in {1, 3} -> (N, C, H, W)."""
+    if x.dtype != np.uint8:
+        raise InvalidDataset(f"{key}: images must be uint8 (0..255), not {x.dtype}")
+    if x.ndim == 3:
+        return np.ascontiguousarray(x[:, None])
+    if x.ndim == 4:
+        if x.shape[3] in (1, 3):
+            return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+        if x.shape[1] in (1, 3):
+            return np.ascontiguousarray(x)
+    raise InvalidDataset(
+        f"{key}: shape {list(x.shape)}; images must be (N, H, W), (N, H, W, C) or "
+        "(N, C, H, W) with C 1 or 3"
+    )
+
+
+def _labels(y: np.ndarray[Any, Any], key: str) -> I64:
+    if y.dtype.kind not in "iu":
+        raise InvalidDataset(f"{key}: labels must be integers, not {y.dtype}")
+    if y.ndim != 1:
+        raise InvalidDataset(f"{key}: shape {list(y.shape)}; labels must be one-dimensional (N,)")
+    return y.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------- IDX
+
+
+def _idx_key(filename: str) -> str | None:
+    base = PurePosixPath(filename).name.removesuffix(".gz").replace(".", "-")
+    return IDX_NAMES.get(base)
+
+
+def _from_idx(zf: zipfile.ZipFile, members: list[zipfile.ZipInfo]) -> tuple[U8, I64, U8, I64]:
+    found: dict[str, zipfile.ZipInfo] = {}
+    for m in members:
+        key = _idx_key(m.filename)
+        if key is not None:
+            if key in found:
+                raise InvalidDataset(f"two IDX files for {key}: {found[key].filename!r}, "
+                                     f"{m.filename!r}")  # fmt: skip
+            found[key] = m
+    missing = [name for name, key in IDX_NAMES.items() if key not in found]
+    if missing:
+        raise InvalidDataset(f"the zip lacks the IDX files {', '.join(missing)} (.gz or not)")
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    budget = MAX_UNCOMPRESSED_BYTES
+    for key, info in found.items():
+        raw = read_member(zf, info)
+        if info.filename.endswith(".gz"):
+            try:
+                with gzip.GzipFile(fileobj=io.BytesIO(raw)) as g:
+                    raw = g.read(budget + 1)
+            except (OSError, EOFError) as e:
+                raise InvalidDataset(f"{info.filename!r}: not a valid gzip file ({e})") from e
+            if len(raw) > budget:
+                raise DatasetTooLarge(
+                    f"{info.filename!r}: the IDX files hold over {MAX_UNCOMPRESSED_BYTES} "
+                    "bytes uncompressed (1 GiB)"
+                )
+        budget -= len(raw)
+        arrays[key] = _read_idx(raw, info.filename)
+    x_train, x_test = arrays["x_train"], arrays["x_test"]
+    for key, x in (("x_train", x_train), ("x_test", x_test)):
+        if x.ndim != 3:
+            raise InvalidDataset(f"{key}: the IDX images must be (N, H, W), not {list(x.shape)}")
+    return (
+        np.ascontiguousarray(x_train[:, None]),
+        _labels(arrays["y_train"], "y_train"),
+        np.ascontiguousarray(x_test[:, None]),
+        _labels(arrays["y_test"], "y_test"),
+    )
+
+
+def _read_idx(raw: bytes, name: str) -> U8:
+    """IDX: magic (0, 0, 0x08 = ubyte, ndim), big-endian uint32 dims, the bytes."""
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or not 1 <= raw[3] <= 4:
+        raise InvalidDataset(f"{name!r}: not an unsigned-byte IDX file (bad magic number)")
+    ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise InvalidDataset(f"{name!r}: truncated IDX header")
+    dims = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
+    size = int(np.prod(dims, dtype=np.int64))
+    if len(raw) != 4 + 4 * ndim + size:
+        raise InvalidDataset(
+            f"{name!r}: the header says {list(dims)} ({size} bytes), the file holds "
+            f"{len(raw) - 4 - 4 * ndim}"
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+# ---------------------------------------------------------------------------- folders
+
+GRAY_MODES = ("1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N")
+
+
+def _from_folders(
+    zf: zipfile.ZipFile, members: list[zipfile.ZipInfo]
+) -> tuple[U8, I64, U8, I64, tuple[str, ...]]:
+    if not members:
+        raise InvalidDataset("the zip holds no files")
+    paths = [PurePosixPath(m.filename.replace("\\", "/")).parts for m in members]
+    # A zip of the folder that holds the class folders: drop that one top folder.
+    if all(len(p) == 3 for p in paths) and len({p[0] for p in paths}) == 1:
+        paths = [p[1:] for p in paths]
+    by_class: dict[str, list[zipfile.ZipInfo]] = {}
+    for m, p in zip(members, paths, strict=True):
+        if len(p) != 2:
+            raise InvalidDataset(
+                f"zip member {m.filename!r}: expected <class_name>/<image file> (one folder "
+                "of images per class), or the four MNIST IDX files, or an .npz"
+            )
+        if not p[1].lower().endswith(IMAGE_SUFFIXES):
+            raise InvalidDataset(f"zip member {m.filename!r}: only PNG and JPEG images")
+        by_class.setdefault(p[0], []).append(m)
+    classes = tuple(sorted(by_class))
+    _check_classes(len(classes))
+    count = sum(len(v) for v in by_class.values())
+    if count > MAX_IMAGES:
+        raise DatasetTooLarge(f"{count} images: at most {MAX_IMAGES}")
+    ordered = [(k, m) for k, name in enumerate(classes)
+               for m in sorted(by_class[name], key=lambda i: i.filename)]  # fmt: skip
+    # First pass, headers only: every size, and whether any image has colour.
+    size: tuple[int, int] | None = None
+    color = False
+    for _, m in ordered:
+        with _open_image(zf, m) as img:
+            w, h = img.size
+            if not (MIN_SIDE <= w <= MAX_SIDE and MIN_SIDE <= h <= MAX_SIDE):
+                raise InvalidDataset(
+                    f"{m.filename!r} is {w}×{h} pixels: each side must be {MIN_SIDE} to {MAX_SIDE}"
+                )
+            size = size or (w, h)
+            color = color or img.mode not in GRAY_MODES
+    assert size is not None
+    c = 3 if color else 1
+    if count * c * size[0] * size[1] > MAX_UNCOMPRESSED_BYTES:
+        raise DatasetTooLarge(f"{count} images of {c}×{size[1]}×{size[0]}: over 1 GiB of pixels")
+    x = np.empty((count, size[1], size[0], c), dtype=np.uint8)
+    y = np.empty(count, dtype=np.int64)
+    for i, (k, m) in enumerate(ordered):
+        with _open_image(zf, m) as img:
+            x[i] = _pixels(img, c, size, m.filename).reshape(size[1], size[0], c)
+        y[i] = k
+    train, test = stratified_split(y, TRAIN_FRACTION, SPLIT_SEED)
+    x = x.transpose(0, 3, 1, 2)
+    return (
+        np.ascontiguousarray(x[train]),
+        y[train],
+        np.ascontiguousarray(x[test]),
+        y[test],
+        classes,
+    )
+
+
+def _open_image(zf: zipfile.ZipFile, m: zipfile.ZipInfo) -> Image.Image:
+    try:
+        return Image.open(io.BytesIO(read_member(zf, m)), formats=("PNG", "JPEG"))
+    except InvalidDataset:
+        raise
+    except Exception as e:  # Pillow raises many kinds on a bad file
+        raise InvalidDataset(f"{m.filename!r}: not a PNG or JPEG image ({e})") from e
+
+
+def _pixels(img: Image.Image, c: int, size: tuple[int, int], name: str) -> U8:
+    mode = "RGB" if c == 3 else "L"
+    try:
+        if img.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in img.info:
+            rgba = img.convert("RGBA")
+            background = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
+            background.alpha_composite(rgba)
+            out = background.convert(mode)
+        elif img.mode.startswith("I;16") or img.mode == "I":
+            out = img.convert("I").point(lambda v: v / 257).convert(mode)
+        else:
+            out = img.convert(mode)
+        if out.size != size:
+            out = out.resize(size, Image.Resampling.BILINEAR)
+        return np.frombuffer(out.tobytes(), dtype=np.uint8)
+    except Exception as e:
+        raise InvalidDataset(f"{name!r} could not be decoded ({type(e).__name__}: {e})") from e
+
+
+def stratified_split(
+    labels: I64, fraction: float, seed: int
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Per class, a seeded shuffle cut at `fraction`: the same upload, the same split."""
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for k in np.unique(labels):
+        idx = np.flatnonzero(labels == k)
+        idx = idx[rng.permutation(len(idx))]
+        cut = round(len(idx) * fraction)
+        train.append(idx[:cut])
+        test.append(idx[cut:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+# ---------------------------------------------------------------------------- canonical
+
+
+def _check_classes(n: int) -> None:
+    if not MIN_CLASSES <= n <= MAX_CLASSES:
+        raise InvalidDataset(f"{n} classes: a data set needs {MIN_CLASSES} to {MAX_CLASSES}")
+
+
+def canonical(
+    x_train: U8, y_train: I64, x_test: U8, y_test: I64, classes: tuple[str, ...] | None = None
+) -> ParsedDataset:
+    """Check the four arrays together and write the canonical .npz."""
+    for xk, x, yk, y in (("x_train", x_train, "y_train", y_train),
+                         ("x_test", x_test, "y_test", y_test)):  # fmt: skip
+        if len(x) != len(y):
+            raise InvalidDataset(f"{xk} has {len(x)} images but {yk} {len(y)} labels")
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise InvalidDataset(
+            f"x_train images are {list(x_train.shape[1:])} (C, H, W) but x_test "
+            f"{list(x_test.shape[1:])}: both must be the same"
+        )
+    c, h, w = (int(n) for n in x_train.shape[1:])
+    if not (MIN_SIDE <= h <= MAX_SIDE and MIN_SIDE <= w <= MAX_SIDE):
+        raise InvalidDataset(f"images are {h}×{w}: each side must be {MIN_SIDE} to {MAX_SIDE}")
+    n_train, n_test = len(y_train), len(y_test)
+    if n_train + n_test > MAX_IMAGES:
+        raise DatasetTooLarge(f"{n_train + n_test} images: at most {MAX_IMAGES}")
+    if n_train < 2 or n_test < 1:
+        raise InvalidDataset(
+            f"{n_train} train and {n_test} test images: at least 2 train and 1 test"
+        )
+    low = int(min(y_train.min(), y_test.min()))
+    high = int(max(y_train.max(), y_test.max()))
+    if low < 0 or high >= MAX_CLASSES:
+        raise InvalidDataset(
+            f"labels run from {low} to {high}: they must be class numbers 0 to "
+            f"num_classes - 1, with at most {MAX_CLASSES} classes"
+        )
+    num_classes = high + 1
+    _check_classes(num_classes)
+    buf = io.BytesIO()
+    extra: dict[str, Any] = {} if classes is None else {"classes": np.array(classes, dtype=str)}
+    np.savez_compressed(
+        buf,
+        x_train=np.ascontiguousarray(x_train, dtype=np.uint8),
+        y_train=y_train.astype(np.int64),
+        x_test=np.ascontiguousarray(x_test, dtype=np.uint8),
+        y_test=y_test.astype(np.int64),
+        num_classes=np.int64(num_classes),
+        **extra,
+    )
+    blob = buf.getvalue()
+    return ParsedDataset(
+        npz=blob,
+        sha256=hashlib.sha256(blob).hexdigest(),
+        image_shape=(c, h, w),
+        num_classes=num_classes,
+        train_count=n_train,
+        test_count=n_test,
+        classes=classes,
+    )
