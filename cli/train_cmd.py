@@ -28,9 +28,8 @@ def _options(p: argparse.ArgumentParser) -> None:
 class _Progress:
     """A tqdm bar over steps; per-batch loss and images/s in its postfix."""
 
-    def __init__(self, quiet: bool) -> None:
+    def __init__(self) -> None:
         self.bar: tqdm | None = None
-        self.quiet = quiet
 
     def start(self, info: RunInfo) -> None:
         self.bar = tqdm(
@@ -68,7 +67,7 @@ class _Progress:
 def train_command(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     settings = Settings()
-    progress = _Progress(quiet=args.json)
+    progress = _Progress()
     callbacks = Callbacks(on_start=progress.start, on_steps=progress.steps, on_epoch=progress.epoch)
     try:
         result = train(

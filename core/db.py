@@ -53,6 +53,11 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def as_utc(t: dt.datetime | None) -> dt.datetime | None:
+    """SQLite hands back naive datetimes; every time trainq stores is UTC."""
+    return t.replace(tzinfo=dt.UTC) if t is not None and t.tzinfo is None else t
+
+
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {
         dict[str, Any]: JSON,

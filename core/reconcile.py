@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from redis import Redis
 
 from core.config import Settings
-from core.db import Database, Job, JobStatus, utcnow
+from core.db import Database, Job, JobStatus, as_utc, utcnow
 from core.queue import enqueue_job, entry_is_live, stop_entry
 from core.store import end_job, lost_jobs, requeue_job, set_queue_entry, stale_queued_jobs
 from core.stream import publish_status
@@ -33,10 +33,6 @@ class Report:
     requeued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     reenqueued: list[str] = field(default_factory=list)
-
-
-def _aware(t: dt.datetime | None) -> dt.datetime | None:
-    return t.replace(tzinfo=dt.UTC) if t is not None and t.tzinfo is None else t
 
 
 def reconcile_once(db: Database, r: Redis, settings: Settings) -> Report:
@@ -72,7 +68,7 @@ def _handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: R
         log.warning("job %s: sent RQ's stop command to its silent work horse", job.id)
     restarts_used = max(job.attempt - 1, 0)
     max_restarts = int(job.spec.get("max_restarts", 2))
-    seen = f"last heartbeat {_aware(job.heartbeat_at)}, worker {job.worker}"
+    seen = f"last heartbeat {as_utc(job.heartbeat_at)}, worker {job.worker}"
     if job.cancel_requested or restarts_used >= max_restarts:
         status = JobStatus.canceled if job.cancel_requested else JobStatus.failed
         code = "canceled" if job.cancel_requested else "worker_lost"

@@ -15,10 +15,9 @@ from sqlalchemy.orm import Session
 
 from api.auth import Caller
 from api.deps import CallerDep, SessionDep
-from api.routes.jobs import utc
 from api.schemas import DatasetOut, Problem
 from core.datasets import MAX_UPLOAD_BYTES, parse_upload
-from core.db import UserDataset
+from core.db import UserDataset, as_utc
 from core.errors import DatasetTooLarge, InvalidDataset
 from core.spec import USER_DATASET_PREFIX
 from core.store import create_dataset, get_dataset, list_datasets
@@ -44,7 +43,7 @@ def dataset_out(ds: UserDataset) -> DatasetOut:
             "num_classes": ds.num_classes,
             "train_count": ds.train_count,
             "test_count": ds.test_count,
-            "created_at": utc(ds.created_at),
+            "created_at": as_utc(ds.created_at),
         }
     )
 

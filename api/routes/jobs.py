@@ -18,7 +18,7 @@ from api.auth import Caller
 from api.deps import AsyncRedisDep, CallerDep, RedisDep, SessionDep, SettingsDep
 from api.events import event_stream
 from api.schemas import EpochOut, JobOut, JobPage, MetricPage, MetricPoint, Problem
-from core.db import Job, JobStatus
+from core.db import Job, JobStatus, as_utc
 from core.queue import enqueue_job
 from core.spec import JobSpec, user_dataset_id
 from core.store import (
@@ -53,9 +53,9 @@ def job_out(job: Job, r: Redis | None = None) -> JobOut:
             "id": job.id,
             "status": job.status,
             "spec": job.spec,
-            "created_at": utc(job.created_at),
-            "started_at": utc(job.started_at),
-            "finished_at": utc(job.finished_at),
+            "created_at": as_utc(job.created_at),
+            "started_at": as_utc(job.started_at),
+            "finished_at": as_utc(job.finished_at),
             "attempt": job.attempt,
             "worker": job.worker,
             "device": job.device,
@@ -81,11 +81,6 @@ def job_out(job: Job, r: Redis | None = None) -> JobOut:
             },
         }
     )
-
-
-def utc(t: dt.datetime | None) -> dt.datetime | None:
-    """SQLite hands back naive datetimes; every time trainq stores is UTC."""
-    return t.replace(tzinfo=dt.UTC) if t is not None and t.tzinfo is None else t
 
 
 def visible_job(session: SessionDep, caller: Caller, job_id: uuid.UUID) -> Job:
