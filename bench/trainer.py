@@ -172,6 +172,7 @@ def main() -> None:
         }
         if args.ablate:
             variants = {
+                "at_the_articles_batch_size_128": {"batch_size": 128},
                 "no_channels_last": {"channels_last": False},
                 "dataloader_path": {"data_path": "dataloader", "num_workers": 1},
             }
