@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from core.queue import job_queue
 from tests.service import Service, scratch_service, wait_until
 
 LOAD = r"""
@@ -135,6 +136,7 @@ def main() -> None:
         }
         for queued in c.jobs(status="queued"):  # the load's jobs: out of the fan-out's way
             c.cancel(queued["id"])
+        job_queue(svc.redis.client(), svc.queue).empty()  # and their queue entries
         svc.start_worker()
         svc.wait_for_workers(1)
         results["sse_fan_out"] = fan_out(svc, args.sse_clients)
