@@ -38,18 +38,16 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)
     async def redis_away(_: Request, exc: Exception) -> JSONResponse:
-        log.warning("redis unavailable: %s", exc)
-        return JSONResponse(
-            {"detail": "the queue (Redis) is unavailable; retry shortly"},
-            status_code=503,
-            headers={"Retry-After": RETRY_AFTER_S},
-        )
+        return _unavailable("the queue (Redis) is unavailable", exc)
 
     @app.exception_handler(OperationalError)
     async def database_busy(_: Request, exc: Exception) -> JSONResponse:
-        log.warning("database unavailable: %s", exc)
-        return JSONResponse(
-            {"detail": "the database is busy or unavailable; retry shortly"},
-            status_code=503,
-            headers={"Retry-After": RETRY_AFTER_S},
-        )
+        return _unavailable("the database is busy or unavailable", exc)
+
+
+def _unavailable(what: str, exc: Exception) -> JSONResponse:
+    """503 + Retry-After: the client did nothing wrong and may simply try again."""
+    log.warning("%s: %s", what, exc)
+    return JSONResponse(
+        {"detail": f"{what}; retry shortly"}, status_code=503, headers={"Retry-After": RETRY_AFTER_S}
+    )
