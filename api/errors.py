@@ -49,5 +49,7 @@ def _unavailable(what: str, exc: Exception) -> JSONResponse:
     """503 + Retry-After: the client did nothing wrong and may simply try again."""
     log.warning("%s: %s", what, exc)
     return JSONResponse(
-        {"detail": f"{what}; retry shortly"}, status_code=503, headers={"Retry-After": RETRY_AFTER_S}
+        {"detail": f"{what}; retry shortly"},
+        status_code=503,
+        headers={"Retry-After": RETRY_AFTER_S},
     )
