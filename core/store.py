@@ -8,6 +8,7 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, insert, select, update
@@ -26,18 +27,6 @@ from core.db import (
 )
 from core.errors import JobSuperseded
 from core.spec import JobSpec
-
-STEP_FIELDS = (
-    "step",
-    "epoch",
-    "loss",
-    "lr",
-    "images_per_second",
-    "memory_allocated",
-    "memory_reserved",
-    "memory_peak",
-    "time",
-)
 
 if TYPE_CHECKING:
     from core.train import EpochMetrics, StepMetrics
@@ -174,29 +163,11 @@ def save_epoch(
     """One transaction per epoch: its step history, its metrics and its checkpoint. A re-run
     of an epoch (after a resume) replaces what an earlier attempt wrote, never duplicates."""
     _fence(s, job_id, attempt, progress_step=epoch.step, progress_epoch=epoch.epoch)
-    first = steps[0].step if steps else epoch.step + 1
-    s.execute(delete(StepMetric).where(StepMetric.job_id == job_id, StepMetric.step >= first))
+    _replace_steps(s, job_id, steps[0].step if steps else epoch.step + 1, steps)
     s.execute(
         delete(EpochMetric).where(EpochMetric.job_id == job_id, EpochMetric.epoch >= epoch.epoch)
     )
-    if steps:
-        s.execute(
-            insert(StepMetric),
-            [{"job_id": job_id, **{f: getattr(p, f) for f in STEP_FIELDS}} for p in steps],
-        )
-    s.add(
-        EpochMetric(
-            job_id=job_id,
-            epoch=epoch.epoch,
-            step=epoch.step,
-            train_loss=epoch.train_loss,
-            train_accuracy=epoch.train_accuracy,
-            test_loss=epoch.test_loss,
-            test_accuracy=epoch.test_accuracy,
-            duration_s=epoch.duration_s,
-            images_per_second=epoch.images_per_second,
-        )
-    )
+    s.add(EpochMetric(job_id=job_id, **asdict(epoch)))
     if checkpoint is not None:
         s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
         s.add(Checkpoint(job_id=job_id, epoch=epoch.epoch, step=epoch.step, data=checkpoint))
@@ -207,13 +178,14 @@ def save_steps(s: Session, *, job_id: str, attempt: int, steps: Sequence[StepMet
     if not steps:
         return
     _fence(s, job_id, attempt, progress_step=steps[-1].step)
-    s.execute(
-        delete(StepMetric).where(StepMetric.job_id == job_id, StepMetric.step >= steps[0].step)
-    )
-    s.execute(
-        insert(StepMetric),
-        [{"job_id": job_id, **{f: getattr(p, f) for f in STEP_FIELDS}} for p in steps],
-    )
+    _replace_steps(s, job_id, steps[0].step, steps)
+
+
+def _replace_steps(s: Session, job_id: str, first: int, steps: Sequence[StepMetrics]) -> None:
+    """Steps from `first` on are replaced (an attempt re-running them), never duplicated."""
+    s.execute(delete(StepMetric).where(StepMetric.job_id == job_id, StepMetric.step >= first))
+    if steps:
+        s.execute(insert(StepMetric), [{"job_id": job_id, **asdict(p)} for p in steps])
 
 
 def latest_checkpoint(s: Session, *, job_id: str) -> Checkpoint | None:
