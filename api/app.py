@@ -26,7 +26,8 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.settings = settings
         app.state.keys = keys
-        app.state.db = Database.from_settings(settings)
+        app.state.health = health.HealthCache()
+        app.state.db = Database.from_settings(settings, pooled=True)
         app.state.redis = connect(redis_url)
         app.state.aredis = AsyncRedis.from_url(redis_url, socket_connect_timeout=5)
         yield

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -14,30 +14,41 @@ from api.auth import Caller, KeyRing
 from core.config import Settings
 from core.db import Database
 
+# The dependencies are `async def` where they never block: FastAPI runs a plain `def`
+# dependency in its thread pool, a thread hop per dependency per request.
 
-def get_settings(request: Request) -> Settings:
+
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_db(request: Request) -> Iterator[Session]:
-    """A session per request; routes that write commit explicitly, the rest roll back."""
+async def get_db(request: Request) -> AsyncIterator[Session]:
+    """A session per request for routes that write: they commit explicitly. It connects
+    lazily, on the first statement, inside the route's own thread."""
     db: Database = request.app.state.db
     with db.sessions() as s:
         yield s
 
 
-def get_redis(request: Request) -> Redis:
+async def get_reader(request: Request) -> AsyncIterator[Session]:
+    """A read-only session: on SQLite it never waits for a writer."""
+    db: Database = request.app.state.db
+    with db.readers() as s:
+        yield s
+
+
+async def get_redis(request: Request) -> Redis:
     r: Redis = request.app.state.redis
     return r
 
 
-def get_async_redis(request: Request) -> AsyncRedis:
+async def get_async_redis(request: Request) -> AsyncRedis:
     r: AsyncRedis = request.app.state.aredis
     return r
 
 
-def get_caller(request: Request) -> Caller:
+async def get_caller(request: Request) -> Caller:
     keys: KeyRing = request.app.state.keys
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
@@ -53,6 +64,7 @@ def get_caller(request: Request) -> Caller:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_db)]
+ReaderDep = Annotated[Session, Depends(get_reader)]
 RedisDep = Annotated[Redis, Depends(get_redis)]
 AsyncRedisDep = Annotated[AsyncRedis, Depends(get_async_redis)]
 CallerDep = Annotated[Caller, Depends(get_caller)]

@@ -78,7 +78,7 @@ async def _replay_from_db(db: Database, job_id: str, cursor: str) -> AsyncIterat
 def _db_page(
     db: Database, job_id: str, after_step: int, limit: int
 ) -> list[tuple[str, str, dict[str, Any]]]:
-    with db.sessions() as s:
+    with db.readers() as s:
         steps = step_metrics(s, job_id=job_id, after=after_step, limit=limit)
         if not steps:
             return []
@@ -96,7 +96,7 @@ def _columns(row: Any) -> dict[str, Any]:
 
 
 def _terminal_status(db: Database, job_id: str) -> tuple[int, dict[str, Any]] | None:
-    with db.sessions() as s:
+    with db.readers() as s:
         job = get_job(s, job_id=job_id)
         if job is None or not JobStatus(job.status).terminal:
             return None

@@ -4,7 +4,7 @@ worker's training images/s, step time and GPU memory, and API request latency.""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 from rq import Worker
 from rq.serializers import JSONSerializer
 from sqlalchemy import func, select
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import CallerDep
 from core.db import Job, JobStatus
@@ -31,7 +32,7 @@ class ServiceCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         state = self.app.state
         jobs = GaugeMetricFamily("trainq_jobs", "Jobs by status.", labels=["status"])
-        with state.db.sessions() as s:
+        with state.db.readers() as s:
             counts = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
         for status in JobStatus:
             jobs.add_metric([status.value], counts.get(status.value, 0))
@@ -59,10 +60,41 @@ class ServiceCollector(Collector):
             yield g
 
 
-def record_route(request: Request) -> None:
+async def record_route(request: Request) -> None:
     """An app-wide dependency: the matched route's template, for the latency label."""
     route = request.scope.get("route")
     request.state.route = getattr(route, "path", "unmatched")
+
+
+class TimeRequests:
+    """Observes each HTTP request's latency, labelled by route template and status. A plain
+    ASGI middleware: Starlette's BaseHTTPMiddleware costs a task and a stream per request."""
+
+    def __init__(self, app: ASGIApp, latency: Histogram) -> None:
+        self.app = app
+        self.latency = latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # if the app fails before it answers
+
+        async def send_timed(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        # The route dependency writes the template here (no ids in label values).
+        scope.setdefault("state", {})["route"] = "unmatched"
+        try:
+            await self.app(scope, receive, send_timed)
+        finally:
+            self.latency.labels(scope["method"], scope["state"]["route"], str(status)).observe(
+                time.perf_counter() - start
+            )
 
 
 def install(app: FastAPI) -> None:
@@ -76,18 +108,7 @@ def install(app: FastAPI) -> None:
     )
     registry.register(ServiceCollector(app))
 
-    @app.middleware("http")
-    async def time_requests(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        start = time.perf_counter()
-        request.state.route = "unmatched"  # made here, so the route's copy of scope shares it
-        response = await call_next(request)
-        path = request.state.route  # the template: no ids in label values
-        latency.labels(request.method, path, str(response.status_code)).observe(
-            time.perf_counter() - start
-        )
-        return response
+    app.add_middleware(TimeRequests, latency=latency)
 
     @app.get(
         "/metrics",

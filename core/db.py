@@ -4,6 +4,7 @@ the engine. The schema changes only through the Alembic migrations in `migration
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
@@ -26,8 +27,9 @@ from sqlalchemy import (
     event,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import NullPool, QueuePool
 
 from core.config import Settings
 
@@ -173,16 +175,24 @@ class UserDataset(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
 
 
-def make_engine(url: str, *, busy_timeout_s: float = 15.0) -> Engine:
-    """SQLite: WAL, a busy timeout, and BEGIN IMMEDIATE so that two writers queue up instead
-    of failing later with 'database is locked'. PostgreSQL: a plain pooled engine."""
+READ_ONLY = "trainq_read_only"
+
+
+def make_engine(url: str, *, busy_timeout_s: float = 15.0, pooled: bool = False) -> Engine:
+    """SQLite: WAL, a busy timeout, and BEGIN IMMEDIATE for transactions that may write, so
+    that two writers queue up instead of failing later with 'database is locked'; read-only
+    sessions (`Database.readers`) begin DEFERRED and, in WAL mode, never wait for a writer.
+    `pooled` keeps connections open between uses (the API); the default opens one per use,
+    which is safe across the workers' forks. PostgreSQL: a plain pooled engine."""
     if not url.startswith("sqlite"):
         return create_engine(url, pool_pre_ping=True)
     engine = create_engine(
         url,
-        poolclass=NullPool,  # one connection per use: safe across forks and threads
+        poolclass=QueuePool if pooled else NullPool,
         connect_args={"timeout": busy_timeout_s, "check_same_thread": False},
+        **({"pool_size": 40, "max_overflow": 24} if pooled else {}),  # 40: the thread pool
     )
+    writer = _WriterLock(busy_timeout_s)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -196,22 +206,64 @@ def make_engine(url: str, *, busy_timeout_s: float = 15.0) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
+        if conn.get_execution_options().get(READ_ONLY):
+            conn.exec_driver_sql("BEGIN")
+            return
+        writer.acquire(conn.info)
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
+        writer.release(record.info)
+
+    @event.listens_for(engine, "invalidate")
+    def _on_invalidate(_dbapi_conn: Any, record: Any, _exc: Any) -> None:
+        writer.release(record.info)
 
     return engine
 
 
-class Database:
-    """An engine and its session factory."""
+class _WriterLock:
+    """SQLite admits one writer at a time, and a writer that finds the database locked polls
+    it with sleeps of 1, 2, 5, 10 ms and more; under load that adds tens of milliseconds.
+    Writers of one process therefore queue on this lock first, and are handed the database
+    in turn; only writers of other processes still meet the busy timeout. A connection
+    holds the lock from BEGIN IMMEDIATE until it is returned to the pool (the end of its
+    session's transaction)."""
 
-    def __init__(self, url: str, busy_timeout_s: float = 15.0) -> None:
+    def __init__(self, timeout_s: float) -> None:
+        self._lock = threading.Lock()
+        self._timeout_s = timeout_s
+
+    def acquire(self, info: dict[str, Any]) -> None:
+        if info.get("writer"):
+            return  # this connection already holds it (a second transaction before checkin)
+        if not self._lock.acquire(timeout=self._timeout_s):
+            raise OperationalError("BEGIN IMMEDIATE", {}, TimeoutError("database is locked"))
+        info["writer"] = True
+
+    def release(self, info: dict[str, Any]) -> None:
+        if info.pop("writer", False):
+            self._lock.release()
+
+
+class Database:
+    """An engine and its session factories: `sessions` for transactions that may write,
+    `readers` for read-only ones."""
+
+    def __init__(self, url: str, busy_timeout_s: float = 15.0, pooled: bool = False) -> None:
         self.url = url
-        self.engine = make_engine(url, busy_timeout_s=busy_timeout_s)
+        self.engine = make_engine(url, busy_timeout_s=busy_timeout_s, pooled=pooled)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.readers = sessionmaker(
+            self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False
+        )
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Database:
-        return cls(settings.resolved_database_url, busy_timeout_s=settings.db_busy_timeout_s)
+    def from_settings(cls, settings: Settings, pooled: bool = False) -> Database:
+        return cls(
+            settings.resolved_database_url, busy_timeout_s=settings.db_busy_timeout_s, pooled=pooled
+        )
 
     @contextmanager
     def session(self) -> Iterator[Session]:

@@ -57,6 +57,9 @@ class RedisServer:
 
     folder: Path
     port: int = field(default_factory=free_port)
+    # The fault tests kill -9 this server and expect every write back; deployments (and the
+    # embedded server) use everysec.
+    appendfsync: str = "always"
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -77,7 +80,7 @@ class RedisServer:
                 "--appendonly",
                 "yes",
                 "--appendfsync",
-                "always",
+                self.appendfsync,
                 "--save",
                 "",
             ],
@@ -285,7 +288,7 @@ def scratch_service(workers: int = 1) -> Iterator[Service]:
     with tempfile.TemporaryDirectory(prefix="trainq-bench-") as tmp:
         root = Path(tmp)
         write_mnist_sample(root / "data" / "mnist-sample" / "MNIST" / "raw")
-        redis = RedisServer(root / "redis")
+        redis = RedisServer(root / "redis", appendfsync="everysec")  # as deployed
         redis.start()
         svc = Service(
             data_dir=root / "data", database_url=f"sqlite:///{root / 'trainq.db'}", redis=redis

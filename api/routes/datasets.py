@@ -14,7 +14,7 @@ from fastapi import APIRouter, File, Form, HTTPException, Response, UploadFile
 from sqlalchemy.orm import Session
 
 from api.auth import Caller
-from api.deps import CallerDep, SessionDep
+from api.deps import CallerDep, ReaderDep, SessionDep
 from api.schemas import DatasetOut, Problem
 from core.datasets import MAX_UPLOAD_BYTES, parse_upload
 from core.db import UserDataset, as_utc
@@ -115,13 +115,13 @@ def upload_dataset(
 @router.get(
     "", response_model=list[DatasetOut], responses=ERRORS, summary="List data sets, newest first"
 )
-def get_datasets(session: SessionDep, caller: CallerDep) -> list[DatasetOut]:
+def get_datasets(session: ReaderDep, caller: CallerDep) -> list[DatasetOut]:
     rows = list_datasets(session, owner=caller.owner, all_owners=caller.admin)
     return [dataset_out(ds) for ds in rows]
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut, responses=ERRORS, summary="One data set")
-def get_one_dataset(dataset_id: DatasetId, session: SessionDep, caller: CallerDep) -> DatasetOut:
+def get_one_dataset(dataset_id: DatasetId, session: ReaderDep, caller: CallerDep) -> DatasetOut:
     ds = visible_dataset(session, caller, str(dataset_id))
     if ds is None:
         raise HTTPException(404, detail=f"no data set {dataset_id}")

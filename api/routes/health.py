@@ -1,6 +1,12 @@
-"""/health: no key needed; says whether the database and Redis answer, and who works."""
+"""/health: no key needed; says whether the database and Redis answer, and who works.
+
+Load balancers and every client poll it, so one process probes at most once a second
+and shares the answer (reading the workers costs RQ a Redis round trip per worker)."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 from fastapi import APIRouter, Request
 from rq import Worker
@@ -14,13 +20,33 @@ from core.queue import job_queue
 router = APIRouter(tags=["health"])
 
 
+class HealthCache:
+    """The last answer of one API process, at most `fresh_s` old."""
+
+    def __init__(self, fresh_s: float = 1.0) -> None:
+        self.fresh_s = fresh_s
+        self._lock = threading.Lock()
+        self._last: tuple[float, Health] | None = None
+
+    def get(self, request: Request) -> Health:
+        with self._lock:  # concurrent callers wait for one probe instead of each making one
+            if self._last is None or time.monotonic() - self._last[0] > self.fresh_s:
+                self._last = (time.monotonic(), _probe(request))
+            return self._last[1]
+
+
 @router.get("/health", response_model=Health, summary="Database, Redis, queue and workers")
 def health(request: Request) -> Health:
+    cache: HealthCache = request.app.state.health
+    return cache.get(request)
+
+
+def _probe(request: Request) -> Health:
     db: Database = request.app.state.db
     settings = request.app.state.settings
     try:
-        with db.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+        with db.readers() as s:
+            s.execute(text("SELECT 1"))
         db_ok = True
     except Exception:
         db_ok = False

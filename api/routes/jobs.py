@@ -13,9 +13,10 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from redis import Redis
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from api.auth import Caller
-from api.deps import AsyncRedisDep, CallerDep, RedisDep, SessionDep, SettingsDep
+from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, SettingsDep
 from api.events import event_stream
 from api.schemas import EpochOut, JobOut, JobPage, MetricPage, MetricPoint, Problem
 from core.db import Job, JobStatus, as_utc
@@ -83,7 +84,7 @@ def job_out(job: Job, r: Redis | None = None) -> JobOut:
     )
 
 
-def visible_job(session: SessionDep, caller: Caller, job_id: uuid.UUID) -> Job:
+def visible_job(session: Session, caller: Caller, job_id: uuid.UUID) -> Job:
     """The job, if this caller may see it; 404 otherwise (others' jobs are not revealed)."""
     job = get_job(session, job_id=str(job_id))
     if job is None or not (caller.admin or job.owner == caller.owner):
@@ -152,7 +153,7 @@ def submit_job(
     return job_out(job)
 
 
-def _check_dataset(session: SessionDep, caller: Caller, spec: JobSpec) -> None:
+def _check_dataset(session: Session, caller: Caller, spec: JobSpec) -> None:
     """An uploaded data set ("ds:<id>") must exist and be visible to the caller; 422 on the
     field otherwise (another owner's set is reported exactly like a missing one)."""
     ds_id = user_dataset_id(spec.dataset)
@@ -186,7 +187,7 @@ def _replay(existing: Job, spec: JobSpec, r: Redis) -> JSONResponse:
 
 @router.get("", response_model=JobPage, responses=ERRORS, summary="List jobs, newest first")
 def get_jobs(
-    session: SessionDep,
+    session: ReaderDep,
     caller: CallerDep,
     status: JobStatus | None = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
@@ -227,7 +228,7 @@ def _decode_cursor(cursor: str) -> tuple[str, str]:
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="One job")
-def get_one(job_id: JobId, session: SessionDep, r: RedisDep, caller: CallerDep) -> JobOut:
+def get_one(job_id: JobId, session: ReaderDep, r: RedisDep, caller: CallerDep) -> JobOut:
     return job_out(visible_job(session, caller, job_id), r)
 
 
@@ -241,7 +242,7 @@ def get_one(job_id: JobId, session: SessionDep, r: RedisDep, caller: CallerDep) 
 )
 def get_metrics(
     job_id: JobId,
-    session: SessionDep,
+    session: ReaderDep,
     r: RedisDep,
     caller: CallerDep,
     after: Annotated[int, Query(ge=0, le=2**53)] = 0,
@@ -268,7 +269,7 @@ def get_metrics(
 @router.get(
     "/{job_id}/epochs", response_model=list[EpochOut], responses=ERRORS, summary="Per-epoch"
 )
-def get_epochs(job_id: JobId, session: SessionDep, caller: CallerDep) -> list[EpochOut]:
+def get_epochs(job_id: JobId, session: ReaderDep, caller: CallerDep) -> list[EpochOut]:
     job = visible_job(session, caller, job_id)
     return [
         EpochOut.model_validate(e, from_attributes=True)
@@ -290,7 +291,7 @@ async def get_events(
     last_event_id: Annotated[str | None, Header(max_length=64)] = None,
 ) -> StreamingResponse:
     db = request.app.state.db
-    with db.session() as session:
+    with db.readers() as session:
         job = visible_job(session, caller, job_id)
     return StreamingResponse(
         event_stream(request, db, ar, job.id, last_event_id),
@@ -335,7 +336,7 @@ def cancel(job_id: JobId, session: SessionDep, r: RedisDep, caller: CallerDep) -
 def get_model(
     job_id: JobId,
     request: Request,
-    session: SessionDep,
+    session: ReaderDep,
     caller: CallerDep,
     if_none_match: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
@@ -365,7 +366,7 @@ def get_model(
     responses={**ERRORS, 409: {"model": Problem, "description": "No record yet."}},
     summary="The run record (reproducibility)",
 )
-def get_record(job_id: JobId, session: SessionDep, caller: CallerDep) -> dict[str, Any]:
+def get_record(job_id: JobId, session: ReaderDep, caller: CallerDep) -> dict[str, Any]:
     job = visible_job(session, caller, job_id)
     if job.record is None:
         raise HTTPException(409, detail=f"job {job.id} is {job.status}: no run record yet")

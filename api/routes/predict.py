@@ -45,7 +45,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.auth import Caller
-from api.deps import CallerDep, SessionDep
+from api.deps import CallerDep, ReaderDep
 from api.routes.jobs import ERRORS, JobId, visible_job
 from api.schemas import Problem
 from core.db import Artifact, JobStatus
@@ -194,7 +194,7 @@ async def predict(
     job_id: JobId,
     request: Request,
     caller: CallerDep,
-    session: SessionDep,
+    session: ReaderDep,
     invert: Annotated[
         bool, Query(description="Dark-on-light images: use 1 - x (the form field works too).")
     ] = False,
