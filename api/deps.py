@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Annotated
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, TypeVar
 
+import anyio
 from fastapi import Depends, HTTPException, Request
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
@@ -13,6 +14,8 @@ from sqlalchemy.orm import Session
 from api.auth import Caller, KeyRing
 from core.config import Settings
 from core.db import Database
+
+T = TypeVar("T")
 
 # The dependencies are `async def` where they never block: FastAPI runs a plain `def`
 # dependency in its thread pool, a thread hop per dependency per request.
@@ -60,6 +63,20 @@ async def get_caller(request: Request) -> Caller:
             headers={"WWW-Authenticate": "Bearer"},
         )
     return caller
+
+
+async def run_read(request: Request, fn: Callable[..., T], *args: Any) -> T:
+    """A short database read of a much-polled route. On SQLite it runs right here, on the
+    event loop: in WAL mode a read never waits for a writer, and it takes less time (0.1 to
+    0.3 ms) than handing it to a thread costs (about 0.5 ms of CPU for the GIL handoffs,
+    measured on GET /jobs/{id}/metrics). Another database is across a network: its reads go
+    to a few threads kept for them (every extra thread that wants the GIL makes each
+    handoff dearer)."""
+    db: Database = request.app.state.db
+    if db.local:
+        return fn(*args)
+    limiter: anyio.CapacityLimiter = request.app.state.io_threads
+    return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

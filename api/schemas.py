@@ -75,6 +75,9 @@ class MetricPoint(BaseModel):
     time: float = Field(description="Unix time at the end of the step.")
 
 
+METRIC_FIELDS = tuple(MetricPoint.model_fields)
+
+
 class MetricPage(BaseModel):
     items: list[MetricPoint]
     next: int = Field(description="Pass as `after` to get the steps that follow.")

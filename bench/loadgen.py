@@ -5,6 +5,10 @@ so the generator spends a few tens of microseconds per request and leaves the CP
 server (an httpx client costs about a millisecond per request, as much as the server).
 
     python -m bench.loadgen URL METHOD PATH --key K [--body JSON] [-n 5000] [-c 50]
+                            [--rate R]
+
+Closed loop by default (the most the server does); with --rate R, open loop at R
+requests/s (the latency at a given load).
 
 Prints one JSON object: requests, requests/s, p50/p90/p99/max in ms and status codes."""
 
@@ -45,7 +49,13 @@ async def read_response(reader: asyncio.StreamReader) -> int:
 
 
 async def run(
-    url: str, request: bytes, n: int, clients: int, budget_s: float, warmup: int
+    url: str,
+    request: bytes,
+    n: int,
+    clients: int,
+    budget_s: float,
+    warmup: int,
+    rate: float | None = None,
 ) -> dict[str, Any]:
     parts = urlsplit(url)
     latencies: list[float] = []
@@ -53,14 +63,24 @@ async def run(
     left = n + warmup
     deadline = time.monotonic() + budget_s
 
-    async def client() -> None:
+    async def client(i: int) -> None:
         nonlocal left
         reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        # Open loop (--rate): this client's requests are due every clients/rate seconds,
+        # staggered between clients, and a request's latency counts from when it was due,
+        # so a stalled server cannot hide its stall by delaying the requests behind it.
+        period = clients / rate if rate else 0.0
+        due = time.perf_counter() + i * period / clients
         try:
             while left > 0 and time.monotonic() < deadline:
                 left -= 1
                 counted = left < n  # the first `warmup` requests are not counted
-                t = time.perf_counter()
+                if rate:
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                    t = due
+                    due += period
+                else:
+                    t = time.perf_counter()
                 writer.write(request)
                 status = await read_response(reader)
                 if counted:
@@ -79,7 +99,7 @@ async def run(
         first = time.perf_counter()
 
     marker = asyncio.create_task(mark_start())
-    await asyncio.gather(*[client() for _ in range(clients)])
+    await asyncio.gather(*[client(i) for i in range(clients)])
     wall = time.perf_counter() - (first or start)
     marker.cancel()
     latencies.sort()
@@ -92,6 +112,7 @@ async def run(
     return {
         "requests": len(latencies),
         "clients": clients,
+        "offered_rate": rate,
         "requests_per_second": round(len(latencies) / wall, 1),
         "p50_ms": q(0.5),
         "p90_ms": q(0.9),
@@ -111,6 +132,7 @@ def main() -> None:
     p.add_argument("-n", type=int, default=5000, help="requests counted")
     p.add_argument("-c", type=int, default=50, help="concurrent clients")
     p.add_argument("--warmup", type=int, default=200, help="requests sent first, not counted")
+    p.add_argument("--rate", type=float, help="open loop: requests/s offered in all")
     p.add_argument("--budget-s", type=float, default=60)
     p.add_argument("--cpu", type=int, help="pin the generator to this CPU")
     args = p.parse_args()
@@ -119,7 +141,9 @@ def main() -> None:
     body = json.dumps(json.loads(args.body)).encode() if args.body else None
     parts = urlsplit(args.url)
     request = encode_request(args.method, parts.netloc, args.path, args.key, body)
-    result = asyncio.run(run(args.url, request, args.n, args.c, args.budget_s, args.warmup))
+    result = asyncio.run(
+        run(args.url, request, args.n, args.c, args.budget_s, args.warmup, args.rate)
+    )
     print(json.dumps(result))
 
 

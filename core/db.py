@@ -253,6 +253,7 @@ class Database:
 
     def __init__(self, url: str, busy_timeout_s: float = 15.0, pooled: bool = False) -> None:
         self.url = url
+        self.local = url.startswith("sqlite")  # a file on this machine, not a server
         self.engine = make_engine(url, busy_timeout_s=busy_timeout_s, pooled=pooled)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self.readers = sessionmaker(

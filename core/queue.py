@@ -16,6 +16,8 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 TASK = "worker.tasks.train"
+RESULT_TTL_S = 3600
+FAILURE_TTL_S = 7 * 24 * 3600
 
 
 def job_queue(r: Redis, name: str) -> Queue:
@@ -34,9 +36,7 @@ def enqueue_job(
 ) -> None:
     """Put a job on the queue. A requeued job travels under a new queue entry id (RQ keeps
     the old entry's history) and names its trainq job in the payload."""
-    kwargs: dict[str, Any] = {"spec": spec}
-    if owner is not None:
-        kwargs["owner"] = owner
+    kwargs = _payload(spec, owner)
     if queue_entry is not None and queue_entry != job_id:
         kwargs["job_id"] = job_id
     job_queue(r, queue).enqueue_call(
@@ -44,10 +44,35 @@ def enqueue_job(
         kwargs=kwargs,
         job_id=queue_entry or job_id,
         timeout=timeout_s,
-        result_ttl=3600,
-        failure_ttl=7 * 24 * 3600,
+        result_ttl=RESULT_TTL_S,
+        failure_ttl=FAILURE_TTL_S,
         description=f"trainq job {job_id}",
     )
+
+
+def enqueue_jobs(
+    r: Redis, *, queue: str, jobs: list[tuple[str, dict[str, Any], str | None]], timeout_s: int
+) -> None:
+    """Put new jobs (job id, spec, owner) on the queue in one round trip (a MULTI/EXEC)."""
+    q = job_queue(r, queue)
+    q.enqueue_many(
+        [
+            Queue.prepare_data(
+                TASK,
+                kwargs=_payload(spec, owner),
+                job_id=job_id,
+                timeout=timeout_s,
+                result_ttl=RESULT_TTL_S,
+                failure_ttl=FAILURE_TTL_S,
+                description=f"trainq job {job_id}",
+            )
+            for job_id, spec, owner in jobs
+        ]
+    )
+
+
+def _payload(spec: dict[str, Any], owner: str | None) -> dict[str, Any]:
+    return {"spec": spec} if owner is None else {"spec": spec, "owner": owner}
 
 
 def entry_is_live(r: Redis, queue_entry: str) -> bool:

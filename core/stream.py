@@ -14,6 +14,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 
 if TYPE_CHECKING:
     from core.train import EpochMetrics, StepMetrics
@@ -97,6 +98,13 @@ def read(r: Redis, job_id: str, after: str | None, count: int) -> list[Entry]:
     """Entries after stream id `after` (exclusive)."""
     start = "-" if after is None else f"({after}"
     raw: Any = r.xrange(stream_key(job_id), min=start, max="+", count=count)
+    return parse_entries(raw)
+
+
+async def aread(ar: AsyncRedis, job_id: str, after: str | None, count: int) -> list[Entry]:
+    """`read` with the asyncio client."""
+    start = "-" if after is None else f"({after}"
+    raw: Any = await ar.xrange(stream_key(job_id), min=start, max="+", count=count)
     return parse_entries(raw)
 
 

@@ -6,35 +6,35 @@ import base64
 import binascii
 import datetime as dt
 import hashlib
+import json
 import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 from redis import Redis
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.auth import Caller
-from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, SettingsDep
+from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, run_read
 from api.events import event_stream
-from api.schemas import EpochOut, JobOut, JobPage, MetricPage, MetricPoint, Problem
-from core.db import Job, JobStatus, as_utc
-from core.queue import enqueue_job
+from api.schemas import METRIC_FIELDS, EpochOut, JobOut, JobPage, MetricPage, Problem
+from api.submissions import Submitter
+from core.db import Database, Job, JobStatus, as_utc
 from core.spec import JobSpec, user_dataset_id
 from core.store import (
-    create_job,
     epoch_metrics,
-    find_by_idempotency_key,
     get_artifact,
     get_dataset,
     get_job,
+    job_access,
     list_jobs,
     request_cancel,
     spec_hash,
-    step_metrics,
+    step_rows,
 )
-from core.stream import STEP, cancel_key, latest_step, publish_status, read
+from core.stream import STEP, aread, cancel_key, latest_step, publish_status
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -84,6 +84,14 @@ def job_out(job: Job, r: Redis | None = None) -> JobOut:
     )
 
 
+def visible_status(session: Session, caller: Caller, job_id: str) -> str:
+    """visible_job's check for routes that need only the status (no JSON columns loaded)."""
+    row = job_access(session, job_id=job_id)
+    if row is None or not (caller.admin or row.owner == caller.owner):
+        raise HTTPException(404, detail=f"no job {job_id}")
+    return row.status
+
+
 def visible_job(session: Session, caller: Caller, job_id: uuid.UUID) -> Job:
     """The job, if this caller may see it; 404 otherwise (others' jobs are not revealed)."""
     job = get_job(session, job_id=str(job_id))
@@ -105,61 +113,31 @@ def visible_job(session: Session, caller: Caller, job_id: uuid.UUID) -> Job:
     },
     summary="Submit a training job",
 )
-def submit_job(
+async def submit_job(
     spec: JobSpec,
+    request: Request,
     response: Response,
-    session: SessionDep,
-    r: RedisDep,
     caller: CallerDep,
-    settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Any:
-    _check_dataset(session, caller, spec)
-    if idempotency_key is not None:
-        existing = find_by_idempotency_key(session, owner=caller.owner, key=idempotency_key)
-        if existing is not None:
-            return _replay(existing, spec, r)
-    job_id = str(uuid.uuid4())
-    try:
-        job = create_job(
-            session,
-            job_id=job_id,
-            spec=spec,
-            owner=caller.owner,
-            idempotency_key=idempotency_key,
-        )
-        session.commit()  # the row exists before any worker can see the queue entry
-    except IntegrityError:  # a concurrent request with the same key won the race
-        session.rollback()
-        existing = find_by_idempotency_key(session, owner=caller.owner, key=idempotency_key or "")
-        if existing is None:
-            raise
-        return _replay(existing, spec, r)
-    try:
-        enqueue_job(
-            r,
-            queue=settings.queue,
-            job_id=job_id,
-            spec=spec.model_dump(mode="json"),
-            owner=caller.owner,
-            timeout_s=settings.job_timeout_s,
-        )
-    except Exception:
-        # Nothing half-written: without its queue entry the job must not exist either.
-        session.delete(job)
-        session.commit()
-        raise
-    response.headers["Location"] = f"/jobs/{job_id}"
+    if user_dataset_id(spec.dataset) is not None:
+        await run_in_threadpool(_check_dataset, request.app.state.db, caller, spec)
+    submitter: Submitter = request.app.state.submitter
+    job, created = await submitter.submit(spec, owner=caller.owner, idempotency_key=idempotency_key)
+    if not created:
+        return await run_in_threadpool(_replay, job, spec, request.app.state.redis)
+    response.headers["Location"] = f"/jobs/{job.id}"
     return job_out(job)
 
 
-def _check_dataset(session: Session, caller: Caller, spec: JobSpec) -> None:
+def _check_dataset(db: Database, caller: Caller, spec: JobSpec) -> None:
     """An uploaded data set ("ds:<id>") must exist and be visible to the caller; 422 on the
     field otherwise (another owner's set is reported exactly like a missing one)."""
     ds_id = user_dataset_id(spec.dataset)
     if ds_id is None:
         return
-    ds = get_dataset(session, dataset_id=ds_id)
+    with db.readers() as session:
+        ds = get_dataset(session, dataset_id=ds_id)
     if ds is None or not (caller.admin or ds.owner == caller.owner):
         problem = {
             "loc": ["body", "dataset"],
@@ -235,35 +213,47 @@ def get_one(job_id: JobId, session: ReaderDep, r: RedisDep, caller: CallerDep) -
 @router.get(
     "/{job_id}/metrics",
     response_model=MetricPage,
+    response_class=JSONResponse,
     responses=ERRORS,
     summary="Per-step metrics after a cursor",
     description="Every training step exactly once, in order: from the database for finished "
     "epochs and from the live Redis stream for the rest. Pass `next` back as `after`.",
 )
-def get_metrics(
+async def get_metrics(
     job_id: JobId,
-    session: ReaderDep,
-    r: RedisDep,
+    request: Request,
+    ar: AsyncRedisDep,
     caller: CallerDep,
     after: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
-) -> MetricPage:
-    job = visible_job(session, caller, job_id)
-    rows = step_metrics(session, job_id=job.id, after=after, limit=limit)
-    items = [MetricPoint.model_validate(row, from_attributes=True) for row in rows]
-    cursor = items[-1].step if items else after
+) -> Response:
+    # The most polled route: plain rows instead of ORM objects, and the page serialised once.
+    status, items = await run_read(
+        request, _stored_steps, request.app.state.db, caller, str(job_id), after, limit
+    )
+    cursor = items[-1]["step"] if items else after
     if len(items) < limit:
         # Newer steps than the database holds: the live stream (steps only, in order).
-        for _, kind, data in read(r, job.id, f"{cursor}-{STEP}", count=2 * (limit - len(items))):
+        live = await aread(ar, str(job_id), f"{cursor}-{STEP}", count=2 * (limit - len(items)))
+        for _, kind, data in live:
             if kind != "step":
                 continue
             if data["step"] != cursor + 1:
                 break  # a gap (the stream was trimmed or lost): stop, never skip a step
-            items.append(MetricPoint.model_validate(data))
+            items.append({k: data[k] for k in METRIC_FIELDS})
             cursor += 1
             if len(items) == limit:
                 break
-    return MetricPage(items=items, next=cursor, status=JobStatus(job.status))
+    page = {"items": items, "next": cursor, "status": status}
+    return Response(json.dumps(page), media_type="application/json")
+
+
+def _stored_steps(
+    db: Database, caller: Caller, job_id: str, after: int, limit: int
+) -> tuple[str, list[dict[str, Any]]]:
+    with db.readers() as session:
+        status = visible_status(session, caller, job_id)
+        return status, step_rows(session, job_id=job_id, after=after, limit=limit)
 
 
 @router.get(
