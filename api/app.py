@@ -12,6 +12,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from api import errors, observability
 from api.auth import KeyRing
+from api.events import EventHub
 from api.routes import datasets, health, jobs, predict, web
 from api.submissions import Submitter
 from core.config import Settings
@@ -36,6 +37,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         app.state.redis = connect(redis_url)
         app.state.aredis = AsyncRedis.from_url(redis_url, socket_connect_timeout=5)
         app.state.submitter = Submitter(app.state.db, app.state.redis, settings)
+        app.state.events = EventHub(app.state.db, app.state.aredis)
         # Everything made so far lives as long as the process: out of the collector's sight,
         # full collections stop walking it (they stalled every request for ~200 ms; with
         # this GET /jobs/{id}/metrics costs 0.8 ms of CPU instead of 1.3 ms).

@@ -234,6 +234,11 @@ class Service:
             c.close()
         self.clients.clear()
 
+    def stop_workers(self) -> None:
+        for proc in self.workers:
+            kill_group(proc)
+        self.workers.clear()
+
     def stop(self) -> None:
         self.close_clients()
         for proc in [*self.workers, self.api]:

@@ -284,7 +284,7 @@ async def get_events(
     with db.readers() as session:
         job = visible_job(session, caller, job_id)
     return StreamingResponse(
-        event_stream(request, db, ar, job.id, last_event_id),
+        event_stream(request.app.state.events, db, ar, job.id, last_event_id),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
