@@ -14,7 +14,7 @@ from typing import Any
 from redis.asyncio import Redis as AsyncRedis
 
 from core.db import Database, JobStatus
-from core.store import epoch_metrics, get_job, step_metrics
+from core.store import epoch_metrics, get_job, step_rows
 from core.stream import END, EPOCH, STEP, parse_entries, stream_key
 
 log = logging.getLogger("trainq.api")
@@ -34,6 +34,10 @@ def sse(event_id: str, kind: str, data: dict[str, Any]) -> str:
 def _key(event_id: str) -> Key:
     step, seq = event_id.split("-")
     return int(step), int(seq)
+
+
+def _event_id(key: Key) -> str:
+    return f"{key[0]}-{key[1]}"
 
 
 def _batch(raw: Any) -> Batch:
@@ -65,7 +69,7 @@ class _Feed:
                 )
                 if raw:
                     batch = _batch(raw[0][1])
-                    self.cursor = "-".join(map(str, batch[-1][0]))
+                    self.cursor = _event_id(batch[-1][0])
                     self._send(batch)
                     if batch[-1][0][1] == END:
                         return
@@ -174,7 +178,7 @@ async def _stored_entries(ar: AsyncRedis, key: str, cursor: str) -> AsyncIterato
             return
         batch = _batch(raw)
         yield batch
-        cursor = "-".join(map(str, batch[-1][0]))
+        cursor = _event_id(batch[-1][0])
 
 
 def _unseen(batch: Batch, cursor: str) -> tuple[str, str, bool]:
@@ -184,7 +188,7 @@ def _unseen(batch: Batch, cursor: str) -> tuple[str, str, bool]:
     if not fresh:
         return "", cursor, False
     last = fresh[-1][0]
-    return "".join(text for _, text in fresh), f"{last[0]}-{last[1]}", last[1] == END
+    return "".join(text for _, text in fresh), _event_id(last), last[1] == END
 
 
 async def _replay_from_db(db: Database, job_id: str, cursor: str) -> AsyncIterator[tuple[str, str]]:
@@ -205,13 +209,13 @@ def _db_page(
     db: Database, job_id: str, after_step: int, limit: int
 ) -> list[tuple[str, str, dict[str, Any]]]:
     with db.readers() as s:
-        steps = step_metrics(s, job_id=job_id, after=after_step, limit=limit)
+        steps = step_rows(s, job_id=job_id, after=after_step, limit=limit)
         if not steps:
             return []
-        last = steps[-1].step
+        last = steps[-1]["step"]
         epochs = [e for e in epoch_metrics(s, job_id=job_id) if after_step <= e.step <= last]
         out: list[tuple[str, str, dict[str, Any]]] = [
-            (f"{p.step}-{STEP}", "step", _columns(p)) for p in steps
+            (f"{p['step']}-{STEP}", "step", p) for p in steps
         ]
         out += [(f"{e.step}-{EPOCH}", "epoch", _columns(e)) for e in epochs]
     return sorted(out, key=lambda row: _key(row[0]))
