@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -264,6 +265,8 @@ class _Run:
         self.optimizer = self._optimizer()
         self.scheduler = self._scheduler(spec.epochs * len(self.batches))
         self.scaler = torch.amp.GradScaler(dev.type, enabled=amp_dtype is torch.float16)
+        self.first_fp16_step = self.scaler.is_enabled()
+        self.cuda_graphs = spec.compile and dev.type == "cuda"
 
     def _batches(self) -> Batches:
         spec, data = self.spec, self.data
@@ -370,6 +373,10 @@ class _Run:
         )
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cuda_graphs:
+            # CUDA graphs reuse their output buffers: mark each step so a replay never
+            # overwrites a tensor this step still reads.
+            torch.compiler.cudagraph_mark_step_begin()
         with self.autocast():
             logits = self.forward(x)
             loss = self.criterion(logits, y)
@@ -382,8 +389,22 @@ class _Run:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.scheduler.step()
+        self._advance_schedule()
         return loss.detach(), logits.detach()
+
+    def _advance_schedule(self) -> None:
+        if self.first_fp16_step:
+            # fp16: the scaler skips optimizer.step() when a step's gradients overflowed and the
+            # schedule still advances (as torch's AMP recipe does); on the very first step torch
+            # then warns that the order is wrong. It is not: keep that one warning quiet.
+            self.first_fp16_step = False
+            with warnings.catch_warnings():
+                warnings.filterwarnings(
+                    "ignore", "Detected call of `lr_scheduler.step", UserWarning
+                )
+                self.scheduler.step()
+            return
+        self.scheduler.step()
 
     @torch.inference_mode()
     def evaluate(self, batch_size: int = 2048) -> tuple[float, float]:
@@ -484,7 +505,12 @@ class _StepBuffer:
         k = len(self.pending)
         self.host[:k].copy_(self.losses[:k], non_blocking=True)
         if self.cuda:
-            self.marks[-1].synchronize()  # also orders the copy above (same stream)
+            # A non-blocking copy is done only once an event recorded AFTER it has completed:
+            # the last step mark was recorded before the copy, so waiting on it could read the
+            # pinned buffer before the copy lands (stale or uninitialised losses).
+            copied = torch.cuda.Event()
+            copied.record()
+            copied.synchronize()
             durations = [a.elapsed_time(b) / 1000 for a, b in _pairs(self.last_mark, self.marks)]
         else:
             durations = [b - a for a, b in _pairs(self.last_mark, self.marks)]
