@@ -8,16 +8,15 @@ from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import Depends, FastAPI
-from redis.asyncio import Redis as AsyncRedis
 
 from api import errors, observability
-from api.auth import KeyRing
-from api.events import EventHub
-from api.routes import datasets, health, jobs, predict, web
+from api.auth import KeyRing, RequireKey
+from api.events import IDLE_BLOCK_MS, EventHub
+from api.routes import datasets, docs, health, jobs, predict, web
 from api.submissions import Submitter
 from core.config import Settings
 from core.db import Database
-from core.redis_server import connect
+from core.redis_server import connect, connect_async
 
 MAX_BODY_BYTES = 1 << 20  # a job spec is a few hundred bytes
 IO_THREADS = 4  # api.deps.run_read
@@ -31,12 +30,11 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.settings = settings
         app.state.io_threads = anyio.CapacityLimiter(IO_THREADS)
-        app.state.keys = keys
         app.state.health = health.HealthCache()
         app.state.db = Database.from_settings(settings, pooled=True)
         app.state.redis = connect(redis_url)
-        app.state.aredis = AsyncRedis.from_url(redis_url, socket_connect_timeout=5)
-        app.state.submitter = Submitter(app.state.db, app.state.redis, settings)
+        app.state.aredis = connect_async(redis_url, longest_block_s=IDLE_BLOCK_MS / 1000)
+        app.state.submitter = Submitter(app.state.db, redis_url, settings)
         app.state.events = EventHub(app.state.db, app.state.aredis)
         # Everything made so far lives as long as the process: out of the collector's sight,
         # full collections stop walking it (they stalled every request for ~200 ms; with
@@ -52,15 +50,20 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         title="trainq",
         summary="Training-as-a-service for PyTorch",
         description="Submit training jobs, follow their per-batch metrics live, download "
-        "TorchScript models. Every route but /health needs `Authorization: Bearer <key>`.",
+        "TorchScript models. Every route but /health, the dashboard and these docs needs "
+        "`Authorization: Bearer <key>`.",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # api.routes.docs: the same pages, with no CDN
+        redoc_url=None,
         # 413 before the body is parsed, chunked uploads included; /predict and /datasets
         # set their own.
         max_body_size=MAX_BODY_BYTES,
         dependencies=[Depends(observability.record_route)],
     )
     errors.install(app)
+    # Added before the timing middleware, so that it runs inside it: refusals are timed too.
+    app.add_middleware(RequireKey, keys=keys)
     observability.install(app)
 
     app.include_router(health.router)
@@ -68,4 +71,5 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     app.include_router(predict.router)
     app.include_router(datasets.router)
     app.include_router(web.router)
+    app.include_router(docs.router)
     return app

@@ -1,7 +1,11 @@
 """API keys. Each key in TRAINQ_API_KEYS is an owner and sees only its own jobs; a key in
 TRAINQ_ADMIN_KEYS sees all. Keys are compared in constant time; an owner is known by a
 hash of its key, so keys are never stored with the jobs. A configured entry may itself be
-`sha256:<hex digest of the key>`, so the server's environment need not hold the key."""
+`sha256:<hex digest of the key>`, so the server's environment need not hold the key.
+
+The key is checked by `RequireKey`, before routing and before anything reads the body: a
+caller without a key costs the parse of its headers, never a body (a 200 MiB upload, a
+malformed JSON body answered 422)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,18 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 HASHED = "sha256:"
+UNAUTHORIZED = "missing or unknown API key: send 'Authorization: Bearer <key>'"
+# What loads without a key: the health check, the dashboard's page and files (the page asks
+# for the key itself), and the API docs with their assets.
+PUBLIC_PATHS = frozenset(
+    {"/", "/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+)
+PUBLIC_PREFIXES = ("/static/", "/docs/assets/")
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,13 @@ class KeyRing:
             for k, admin in entries
         ]
 
+    def from_header(self, authorization: str) -> Caller | None:
+        """The caller an `Authorization: Bearer <key>` header names, if the key is known."""
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return self.check(token.strip())
+
     def check(self, presented: str) -> Caller | None:
         digest = key_digest(presented)
         found: Caller | None = None
@@ -44,3 +66,34 @@ class KeyRing:
             if hmac.compare_digest(known, digest):
                 found = Caller(owner=owner_id(presented), admin=admin)
         return found
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
+class RequireKey:
+    """A plain ASGI middleware: finds the caller from the headers alone and answers 401 to a
+    request for a non-public path that has none, without reading its body, and asks the
+    client to close (an upload that goes on is not read either). The caller is kept in the
+    scope's state for `api.deps.get_caller`."""
+
+    def __init__(self, app: ASGIApp, keys: KeyRing) -> None:
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        caller = self.keys.from_header(Headers(scope=scope).get("authorization", ""))
+        scope.setdefault("state", {})["caller"] = caller
+        if caller is None and not is_public(scope["path"]):
+            refusal = JSONResponse(
+                {"detail": UNAUTHORIZED},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer", "Connection": "close"},
+            )
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

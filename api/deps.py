@@ -11,7 +11,7 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.orm import Session
 
-from api.auth import Caller, KeyRing
+from api.auth import UNAUTHORIZED, Caller
 from core.config import Settings
 from core.db import Database
 
@@ -51,16 +51,17 @@ async def get_async_redis(request: Request) -> AsyncRedis:
     return r
 
 
+async def get_optional_caller(request: Request) -> Caller | None:
+    """The caller that api.auth.RequireKey found, before routing; None without a key."""
+    caller: Caller | None = request.scope.get("state", {}).get("caller")
+    return caller
+
+
 async def get_caller(request: Request) -> Caller:
-    keys: KeyRing = request.app.state.keys
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    caller = keys.check(token.strip()) if scheme.lower() == "bearer" and token else None
+    caller = await get_optional_caller(request)
     if caller is None:
         raise HTTPException(
-            status_code=401,
-            detail="missing or unknown API key: send 'Authorization: Bearer <key>'",
-            headers={"WWW-Authenticate": "Bearer"},
+            status_code=401, detail=UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"}
         )
     return caller
 
@@ -85,3 +86,4 @@ ReaderDep = Annotated[Session, Depends(get_reader)]
 RedisDep = Annotated[Redis, Depends(get_redis)]
 AsyncRedisDep = Annotated[AsyncRedis, Depends(get_async_redis)]
 CallerDep = Annotated[Caller, Depends(get_caller)]
+OptionalCallerDep = Annotated[Caller | None, Depends(get_optional_caller)]

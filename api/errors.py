@@ -10,8 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError
 from sqlalchemy.exc import OperationalError
 
 log = logging.getLogger("trainq.api")
@@ -35,10 +34,11 @@ def install(app: FastAPI) -> None:
         """422 naming each field (`loc`), also when the input held NaN or Infinity."""
         return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, 422)
 
-    @app.exception_handler(RedisConnectionError)
-    @app.exception_handler(RedisTimeoutError)
+    @app.exception_handler(RedisError)
     async def redis_away(_: Request, exc: Exception) -> JSONResponse:
-        return _unavailable("the queue (Redis) is unavailable", exc)
+        """Any Redis failure, not only a lost connection: a refused command (a server out
+        of memory, a read-only replica, a loading one) is as retryable for the client."""
+        return _unavailable("the queue (Redis) is unavailable or refused the command", exc)
 
     @app.exception_handler(OperationalError)
     async def database_busy(_: Request, exc: Exception) -> JSONResponse:

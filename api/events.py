@@ -1,6 +1,13 @@
 """Server-Sent Events for one job: step points, epoch ends and status changes, each with
 its stream id as the SSE id, so a client that reconnects with Last-Event-ID resumes exactly
-where it stopped. What the Redis stream no longer holds is replayed from the database."""
+where it stopped.
+
+Every step is sent once, in order, or said to be gone. Where the Redis stream lacks steps
+(it was trimmed, lost or expired), they come from the database, which stores them at each
+epoch end: while the job runs the follower waits for them (with keep-alives); once the job
+ended, steps that neither holds are named by a `gap` event (`from`, `to`). The stream of a
+job that ended closes, also when Redis never got (or lost) the end: then the database's
+status closes it, keyed after everything the follower has seen."""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator
+from enum import Enum
 from typing import Any
 
 from redis.asyncio import Redis as AsyncRedis
@@ -19,12 +27,23 @@ from core.stream import END, EPOCH, STEP, parse_entries, stream_key
 
 log = logging.getLogger("trainq.api")
 IDLE_BLOCK_MS = 5000
+GAP_POLL_S = 1.0  # how often a follower waiting for missing steps asks the database again
+DB_PAGE = 2000
 EVENT_ID = re.compile(r"^\d{1,18}-\d$")
 BACKLOG = 256  # live batches a follower may fall behind by before it reads Redis again
 KEEP_ALIVE = ": keep-alive\n\n"
 
 Key = tuple[int, int]
 Batch = list[tuple[Key, str]]  # (entry key, the SSE text of that entry), in order
+
+
+class Signal(Enum):
+    IDLE = "nothing new: send a keep-alive"
+    BEHIND = "the feed let go of this follower: read Redis directly"
+    ENDED = "the job ended and Redis holds no end: close from the database"
+
+
+Item = Batch | Signal
 
 
 def sse(event_id: str, kind: str, data: dict[str, Any]) -> str:
@@ -38,6 +57,11 @@ def _key(event_id: str) -> Key:
 
 def _event_id(key: Key) -> str:
     return f"{key[0]}-{key[1]}"
+
+
+def _last_needed(key: Key) -> int:
+    """The last step a follower must have seen before the entry `key`."""
+    return key[0] - 1 if key[1] == STEP else key[0]
 
 
 def _batch(raw: Any) -> Batch:
@@ -57,7 +81,7 @@ class _Feed:
         self.hub = hub
         self.job_id = job_id
         self.cursor = cursor
-        self.followers: set[asyncio.Queue[Batch | None]] = set()
+        self.followers: set[asyncio.Queue[Item]] = set()
         self.task = asyncio.create_task(self._run(), name=f"trainq-feed-{job_id}")
 
     async def _run(self) -> None:
@@ -74,32 +98,30 @@ class _Feed:
                     if batch[-1][0][1] == END:
                         return
                     continue
-                ended = await asyncio.to_thread(_terminal_status, self.hub.db, self.job_id)
-                if ended is not None:  # ended with no final event left in Redis (expired)
-                    step, payload = ended
-                    self._send([((step, END), sse(f"{step}-{END}", "status", payload))])
+                if await asyncio.to_thread(_has_ended, self.hub.db, self.job_id):
+                    self._send(Signal.ENDED)  # ended with no end in Redis (expired, lost)
                     return
-                self._send([])  # a keep-alive
+                self._send(Signal.IDLE)
         except Exception:
             log.exception("live feed of job %s stopped", self.job_id)
         finally:
             if self.hub.feeds.get(self.job_id) is self:
                 del self.hub.feeds[self.job_id]
             for q in list(self.followers):
-                _offer(q, None)  # the feed is gone: read Redis directly
+                _offer(q, Signal.BEHIND)  # the feed is gone: read Redis directly
 
-    def _send(self, batch: Batch) -> None:
+    def _send(self, item: Item) -> None:
         for q in list(self.followers):
-            if not _offer(q, batch):
+            if not _offer(q, item):
                 self.followers.discard(q)
 
 
-def _offer(q: asyncio.Queue[Batch | None], item: Batch | None) -> bool:
+def _offer(q: asyncio.Queue[Item], item: Item) -> bool:
     try:
         q.put_nowait(item)
     except asyncio.QueueFull:
         q.get_nowait()
-        q.put_nowait(None)  # too far behind: told to read Redis itself
+        q.put_nowait(Signal.BEHIND)  # too far behind: told to read Redis itself
         return False
     return True
 
@@ -112,17 +134,17 @@ class EventHub:
         self.ar = ar
         self.feeds: dict[str, _Feed] = {}
 
-    def follow(self, job_id: str, cursor: str) -> asyncio.Queue[Batch | None]:
+    def follow(self, job_id: str, cursor: str) -> asyncio.Queue[Item]:
         """Live batches from now on (and possibly some from before: the follower skips
         what it has seen). `cursor` starts a new feed: the last entry the stream holds."""
         feed = self.feeds.get(job_id)
         if feed is None:
             feed = self.feeds[job_id] = _Feed(self, job_id, cursor)
-        q: asyncio.Queue[Batch | None] = asyncio.Queue(BACKLOG)
+        q: asyncio.Queue[Item] = asyncio.Queue(BACKLOG)
         feed.followers.add(q)
         return q
 
-    def leave(self, job_id: str, q: asyncio.Queue[Batch | None]) -> None:
+    def leave(self, job_id: str, q: asyncio.Queue[Item]) -> None:
         feed = self.feeds.get(job_id)
         if feed is not None:
             feed.followers.discard(q)
@@ -134,95 +156,146 @@ class EventHub:
 async def event_stream(
     hub: EventHub, db: Database, ar: AsyncRedis, job_id: str, last_event_id: str | None
 ) -> AsyncIterator[str]:
-    cursor = last_event_id if last_event_id and EVENT_ID.match(last_event_id) else "0-0"
-    key = stream_key(job_id)
-    first: Any = await ar.xrange(key, count=1)
-    if not first or _key(parse_entries(first)[0][0]) > (_key(cursor)[0] + 1, STEP):
-        async for chunk, replayed in _replay_from_db(db, job_id, cursor):
-            yield chunk
-            cursor = replayed
-        if not await ar.exists(key):
-            ended = await asyncio.to_thread(_terminal_status, db, job_id)
-            if ended is not None:
-                yield sse(f"{ended[0]}-{END}", "status", ended[1])
+    valid = last_event_id is not None and EVENT_ID.match(last_event_id)
+    cursor = _key(last_event_id) if valid and last_event_id else (0, 0)
+    async for chunk in _Follower(hub, db, ar, job_id, cursor).events():
+        yield chunk
+
+
+class _Follower:
+    """One client's read of a job's events, from `cursor` (the last entry it has seen)."""
+
+    def __init__(
+        self, hub: EventHub, db: Database, ar: AsyncRedis, job_id: str, cursor: Key
+    ) -> None:
+        self.hub = hub
+        self.db = db
+        self.ar = ar
+        self.job_id = job_id
+        self.key = stream_key(job_id)
+        self.cursor = cursor
+        self.done = cursor[1] == END  # it saw the end already
+        self.stalled = False  # at a gap the database cannot fill yet
+
+    async def events(self) -> AsyncIterator[str]:
+        while not self.done:
+            # Join the live feed first, then read what came before it from Redis: nothing
+            # falls between the two, and what both hold is sent once (by entry id).
+            top: Any = await self.ar.xrevrange(self.key, count=1)
+            q = self.hub.follow(self.job_id, parse_entries(top)[0][0] if top else "0-0")
+            try:
+                async for chunk in self._relay(q):
+                    yield chunk
+            finally:
+                self.hub.leave(self.job_id, q)
+            if self.stalled:
+                self.stalled = False
+                yield KEEP_ALIVE
+                await asyncio.sleep(GAP_POLL_S)
+
+    async def _relay(self, q: asyncio.Queue[Item]) -> AsyncIterator[str]:
+        """Until the end, a stall, or the feed lets go of this follower."""
+        stored = False
+        async for batch in self._stored():
+            stored = True
+            async for chunk in self._deliver(batch):
+                yield chunk
+            if self.done or self.stalled:
                 return
-    while True:
-        # Join the live feed first, then read what came before it from Redis: nothing
-        # falls between the two, and what both hold is sent once (by entry id).
-        top: Any = await ar.xrevrange(key, count=1)
-        q = hub.follow(job_id, parse_entries(top)[0][0] if top else "0-0")
-        try:
-            async for stored in _stored_entries(ar, key, cursor):
-                chunk, cursor, done = _unseen(stored, cursor)
-                if chunk:
-                    yield chunk
-                if done:
-                    return
-            while (live := await q.get()) is not None:
-                if not live:
-                    yield KEEP_ALIVE
-                    continue
-                chunk, cursor, done = _unseen(live, cursor)
-                if chunk:
-                    yield chunk
-                if done:
-                    return
-        finally:
-            hub.leave(job_id, q)
-
-
-async def _stored_entries(ar: AsyncRedis, key: str, cursor: str) -> AsyncIterator[Batch]:
-    while True:
-        raw: Any = await ar.xrange(key, min=f"({cursor}", max="+", count=500)
-        if not raw:
+        if not stored and await asyncio.to_thread(_has_ended, self.db, self.job_id):
+            async for chunk in self._close():
+                yield chunk
             return
-        batch = _batch(raw)
-        yield batch
-        cursor = _event_id(batch[-1][0])
+        while (item := await q.get()) is not Signal.BEHIND:
+            if item is Signal.IDLE:
+                yield KEEP_ALIVE
+            elif item is Signal.ENDED:
+                async for chunk in self._close():
+                    yield chunk
+                return
+            else:
+                async for chunk in self._deliver(item):
+                    yield chunk
+                if self.done or self.stalled:
+                    return
 
+    async def _stored(self) -> AsyncIterator[Batch]:
+        while True:
+            raw: Any = await self.ar.xrange(
+                self.key, min=f"({_event_id(self.cursor)}", max="+", count=500
+            )
+            if not raw:
+                return
+            yield _batch(raw)
 
-def _unseen(batch: Batch, cursor: str) -> tuple[str, str, bool]:
-    """The SSE text of the entries after `cursor`, the new cursor, and whether the job ended."""
-    after = _key(cursor)
-    fresh = [(k, text) for k, text in batch if k > after]
-    if not fresh:
-        return "", cursor, False
-    last = fresh[-1][0]
-    return "".join(text for _, text in fresh), _event_id(last), last[1] == END
-
-
-async def _replay_from_db(db: Database, job_id: str, cursor: str) -> AsyncIterator[tuple[str, str]]:
-    after_step, after_seq = _key(cursor)
-    while True:
-        rows = await asyncio.to_thread(_db_page, db, job_id, after_step, 2000)
-        if not rows:
-            return
-        for event_id, kind, data in rows:
-            if _key(event_id) <= (after_step, after_seq):
+    async def _deliver(self, batch: Batch) -> AsyncIterator[str]:
+        for key, text in batch:
+            if key <= self.cursor:
                 continue
-            cursor = event_id
-            yield sse(event_id, kind, {"type": kind, **data}), cursor
-        after_step, after_seq = _key(cursor)
+            if _last_needed(key) > self.cursor[0]:
+                async for chunk in self._fill(key):
+                    yield chunk
+                if self.stalled:
+                    return
+                if key <= self.cursor:
+                    continue
+            yield text
+            self.cursor = key
+            if key[1] == END:
+                self.done = True
+                return
+
+    async def _fill(self, key: Key) -> AsyncIterator[str]:
+        """The steps missing before entry `key`: from the database; if it lacks some, wait
+        for them while the job runs, and once it ended say that they are gone."""
+        ended = await asyncio.to_thread(_terminal_status, self.db, self.job_id)
+        async for chunk in self._from_db():
+            yield chunk
+        last = _last_needed(key)
+        if last <= self.cursor[0]:
+            return
+        if ended is None:
+            self.stalled = True
+            return
+        gone = {"type": "gap", "from": self.cursor[0] + 1, "to": last}
+        self.cursor = (last, STEP)
+        yield sse(_event_id(self.cursor), "gap", gone)
+
+    async def _close(self) -> AsyncIterator[str]:
+        """The end from the database: what it holds past the cursor, then the status."""
+        async for chunk in self._from_db():
+            yield chunk
+        self.done = True
+        ended = await asyncio.to_thread(_terminal_status, self.db, self.job_id)
+        if ended is not None:
+            step, payload = ended
+            yield sse(_event_id((max(step, self.cursor[0]), END)), "status", payload)
+
+    async def _from_db(self) -> AsyncIterator[str]:
+        while rows := await asyncio.to_thread(_db_page, self.db, self.job_id, self.cursor):
+            for key, kind, data in rows:
+                self.cursor = key
+                yield sse(_event_id(key), kind, {"type": kind, **data})
 
 
-def _db_page(
-    db: Database, job_id: str, after_step: int, limit: int
-) -> list[tuple[str, str, dict[str, Any]]]:
+def _db_page(db: Database, job_id: str, cursor: Key) -> list[tuple[Key, str, dict[str, Any]]]:
+    """The stored steps and epoch ends after `cursor`, in order (a page of steps)."""
+    after = cursor[0]
     with db.readers() as s:
-        steps = step_rows(s, job_id=job_id, after=after_step, limit=limit)
-        if not steps:
-            return []
-        last = steps[-1]["step"]
-        epochs = [e for e in epoch_metrics(s, job_id=job_id) if after_step <= e.step <= last]
-        out: list[tuple[str, str, dict[str, Any]]] = [
-            (f"{p['step']}-{STEP}", "step", p) for p in steps
-        ]
-        out += [(f"{e.step}-{EPOCH}", "epoch", _columns(e)) for e in epochs]
-    return sorted(out, key=lambda row: _key(row[0]))
+        steps = step_rows(s, job_id=job_id, after=after, limit=DB_PAGE)
+        last = steps[-1]["step"] if steps else after
+        epochs = [e for e in epoch_metrics(s, job_id=job_id) if after <= e.step <= last]
+        out: list[tuple[Key, str, dict[str, Any]]] = [((p["step"], STEP), "step", p) for p in steps]
+        out += [((e.step, EPOCH), "epoch", _columns(e)) for e in epochs]
+    return sorted((row for row in out if row[0] > cursor), key=lambda row: row[0])
 
 
 def _columns(row: Any) -> dict[str, Any]:
     return {c.key: getattr(row, c.key) for c in row.__table__.columns if c.key != "job_id"}
+
+
+def _has_ended(db: Database, job_id: str) -> bool:
+    return _terminal_status(db, job_id) is not None
 
 
 def _terminal_status(db: Database, job_id: str) -> tuple[int, dict[str, Any]] | None:

@@ -21,6 +21,10 @@ from core.queue import job_queue
 from core.worker_stats import read_worker_stats
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+# Label values come only from these sets and the route templates: a request line is the
+# client's to choose, and every new label value is a new series kept for the process's life.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER = "other"
 
 
 class ServiceCollector(Collector):
@@ -63,12 +67,14 @@ class ServiceCollector(Collector):
 async def record_route(request: Request) -> None:
     """An app-wide dependency: the matched route's template, for the latency label."""
     route = request.scope.get("route")
-    request.state.route = getattr(route, "path", "unmatched")
+    request.state.route = getattr(route, "path", OTHER)
 
 
 class TimeRequests:
-    """Observes each HTTP request's latency, labelled by route template and status. A plain
-    ASGI middleware: Starlette's BaseHTTPMiddleware costs a task and a stream per request."""
+    """Observes each HTTP request's latency, labelled by method, route template and status,
+    each from a bounded set: an unknown method, and a request that matched no route or was
+    refused before routing (no key), count as "other". A plain ASGI middleware: Starlette's
+    BaseHTTPMiddleware costs a task and a stream per request."""
 
     def __init__(self, app: ASGIApp, latency: Histogram) -> None:
         self.app = app
@@ -88,11 +94,12 @@ class TimeRequests:
             await send(message)
 
         # The route dependency writes the template here (no ids in label values).
-        scope.setdefault("state", {})["route"] = "unmatched"
+        scope.setdefault("state", {})["route"] = OTHER
+        method = scope["method"] if scope["method"] in KNOWN_METHODS else OTHER
         try:
             await self.app(scope, receive, send_timed)
         finally:
-            self.latency.labels(scope["method"], scope["state"]["route"], str(status)).observe(
+            self.latency.labels(method, scope["state"]["route"], str(status)).observe(
                 time.perf_counter() - start
             )
 

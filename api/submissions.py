@@ -1,10 +1,16 @@
 """POST /jobs with group commit. Each submission is handed to one writer thread, which takes
-every submission waiting at that moment and, for all of them together, inserts the rows in
-one transaction and then puts the queue entries on the queue in one Redis round trip. Under
-load that is one commit and one round trip for tens of jobs; alone, a submission waits for
-no one. The order of events per job is the one a single submission has: the row is
-committed before any worker can see the queue entry, and a job whose entry could not be
-queued is deleted again (the caller gets the error), so nothing is ever half-written."""
+every submission waiting at that moment and, for all of them together, inserts the rows,
+puts the queue entries on the queue in one Redis round trip (a MULTI/EXEC), and only then
+commits the one transaction. Under load that is one commit and one round trip for tens of
+jobs; alone, a submission waits for no one.
+
+A client that got an error has no job, now or later: until the commit no other process sees
+the rows (another API process looking up the same Idempotency-Key waits for this commit or
+rollback at its insert), and any failure, the enqueue's lost reply included, rolls them
+back. An entry whose transaction rolled back may still be on the queue (its EXEC ran): its
+payload says `via="api"`, and a worker waits `commit_wait_s` for the row of such an entry,
+then refuses it without creating one. A commit that lands even later is not lost: the
+reconciler enqueues a queued job that has no live entry again."""
 
 from __future__ import annotations
 
@@ -15,13 +21,16 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from redis import Redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from core.config import Settings
 from core.db import Database, Job
 from core.queue import enqueue_jobs
 from core.spec import JobSpec
-from core.store import delete_jobs, find_by_idempotency_key, insert_jobs, new_job
+from core.store import find_by_idempotency_key, insert_jobs, new_job
 
 MAX_BATCH = 256
 Outcome = tuple[Job, bool]  # the job, and whether this submission created it
@@ -53,9 +62,9 @@ def _settle(future: asyncio.Future[Outcome], outcome: Outcome | BaseException) -
 
 
 class Submitter:
-    def __init__(self, db: Database, r: Redis, settings: Settings) -> None:
+    def __init__(self, db: Database, redis_url: str, settings: Settings) -> None:
         self._db = db
-        self._r = r
+        self._enqueuer = enqueue_client(redis_url, settings.submit_redis_timeout_s)
         self._settings = settings
         self._pending: deque[Submission] = deque()
         self._wake = threading.Condition()
@@ -82,6 +91,7 @@ class Submitter:
             self._closing = True
             self._wake.notify()
         self._thread.join()
+        self._enqueuer.close()
 
     def _run(self) -> None:
         while True:
@@ -109,47 +119,66 @@ class Submitter:
             return e
 
     def _write(self, batch: list[Submission]) -> list[Outcome | BaseException]:
-        # Per submission: a new job, one found by its Idempotency-Key, or the job of an
-        # earlier submission of this batch with the same key.
         plan: list[tuple[str, Job]] = []
-        made: dict[tuple[str | None, str], Job] = {}
-        with self._db.session() as s:
-            for sub in batch:
-                key = (sub.owner, sub.idempotency_key or "")
-                if sub.idempotency_key is not None and key in made:
-                    plan.append(("again", made[key]))
-                    continue
-                if sub.idempotency_key is not None:
-                    found = find_by_idempotency_key(s, owner=sub.owner, key=sub.idempotency_key)
-                    if found is not None:
-                        plan.append(("found", found))
-                        continue
-                job = new_job(
-                    job_id=str(uuid.uuid4()),
-                    spec=sub.spec,
-                    owner=sub.owner,
-                    idempotency_key=sub.idempotency_key,
-                )
-                if sub.idempotency_key is not None:
-                    made[key] = job
-                plan.append(("new", job))
-            new = [job for how, job in plan if how == "new"]
-            if new:
-                insert_jobs(s, jobs=new)
-        failed: Exception | None = None
-        if new:
-            try:
-                enqueue_jobs(
-                    self._r,
-                    queue=self._settings.queue,
-                    jobs=[(job.id, job.spec, job.owner) for job in new],
-                    timeout_s=self._settings.job_timeout_s,
-                )
-            except Exception as e:
-                # Without its queue entry a job must not exist either.
-                with self._db.session() as s:
-                    delete_jobs(s, job_ids=[job.id for job in new])
-                failed = e
-        return [
-            (job, how == "new") if how == "found" or failed is None else failed for how, job in plan
-        ]
+        try:
+            with self._db.session() as s:
+                plan = _plan(s, batch)
+                new = [job for how, job in plan if how == "new"]
+                if new:
+                    insert_jobs(s, jobs=new)
+                    # Before the commit: a failed enqueue rolls the rows back, and a
+                    # worker handed an entry waits for its row (worker.tasks).
+                    enqueue_jobs(
+                        self._enqueuer,
+                        queue=self._settings.queue,
+                        jobs=[(job.id, job.spec, job.owner) for job in new],
+                        timeout_s=self._settings.job_timeout_s,
+                    )
+        except IntegrityError:
+            raise  # _run retries one at a time
+        except Exception as e:
+            if not plan:
+                raise  # the database is away: every submission gets the error
+            # Nothing of this batch was committed; a job found by its key was, long before.
+            return [(job, False) if how == "found" else e for how, job in plan]
+        return [(job, how == "new") for how, job in plan]
+
+
+def _plan(s: Session, batch: list[Submission]) -> list[tuple[str, Job]]:
+    """Per submission: a new job, one found by its Idempotency-Key, or the job of an earlier
+    submission of this batch with the same key ("new", "found", "again")."""
+    plan: list[tuple[str, Job]] = []
+    made: dict[tuple[str | None, str], Job] = {}
+    for sub in batch:
+        key = (sub.owner, sub.idempotency_key or "")
+        if sub.idempotency_key is not None and key in made:
+            plan.append(("again", made[key]))
+            continue
+        if sub.idempotency_key is not None:
+            found = find_by_idempotency_key(s, owner=sub.owner, key=sub.idempotency_key)
+            if found is not None:
+                plan.append(("found", found))
+                continue
+        job = new_job(
+            job_id=str(uuid.uuid4()),
+            spec=sub.spec,
+            owner=sub.owner,
+            idempotency_key=sub.idempotency_key,
+        )
+        if sub.idempotency_key is not None:
+            made[key] = job
+        plan.append(("new", job))
+    return plan
+
+
+def enqueue_client(redis_url: str, timeout_s: float) -> Redis:
+    """Every wait bounded by `timeout_s`, and one retry: the enqueue runs inside the jobs'
+    database transaction, which on SQLite holds the one write lock that every worker's
+    heartbeat also needs."""
+    return Redis.from_url(
+        redis_url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1),
+        health_check_interval=30,
+    )

@@ -154,17 +154,23 @@ def download_command(args: argparse.Namespace) -> int:
     with client() as c:
         try:
             sha = c.download(args.job_id, path)
+            # The model takes the images of its data set: the run record says which shape.
+            shape = c.record(args.job_id)["dataset"]["image_shape"] if args.check else None
         except ApiError as e:
             print(f"trainq: {e}", file=sys.stderr)
             return 1
     print(f"{path} sha256 {sha}", file=sys.stderr)
-    if args.check:
+    if shape is not None:
         import torch
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             model = torch.jit.load(io.BytesIO(path.read_bytes()), map_location="cpu").eval()
         with torch.inference_mode():
-            logits = model(torch.zeros(1, 1, 28, 28))
-        print(f"{path} loads: logits shape {tuple(logits.shape)}", file=sys.stderr)
+            logits = model(torch.zeros(1, *shape))
+        print(
+            f"{path} loads: {'×'.join(map(str, shape))} images in, logits shape "
+            f"{tuple(logits.shape)}",
+            file=sys.stderr,
+        )
     return 0

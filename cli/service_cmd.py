@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from cli.main import command
 from core.config import Settings
 from core.keys import load_or_create_key
+
+log = logging.getLogger("trainq.reconcile")
 
 
 def _no_options(_: argparse.ArgumentParser) -> None:
@@ -106,9 +110,30 @@ def _serve(settings: Settings) -> int:
     from api.app import create_app
     from core.redis_server import redis_url
 
-    app = create_app(settings, redis_url(settings))
+    url = redis_url(settings)
+    app = create_app(settings, url)
+    _reconcile_in_background(settings, url)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
     return 0
+
+
+def _reconcile_in_background(settings: Settings, redis_url: str) -> None:
+    """The API reconciles as every worker launcher does: with every worker gone, a job whose
+    worker died is still ended or requeued within the heartbeat timeout. Any number of
+    reconcilers may run (each transition is a guarded update)."""
+    from worker.reconciler import Reconciler
+
+    reconcile = Reconciler(settings, redis_url)
+
+    def loop() -> None:
+        while True:
+            time.sleep(settings.reconcile_interval_s)
+            try:
+                reconcile()
+            except Exception:  # a bug in one pass must not end the API's reconciling
+                log.exception("reconcile pass failed")
+
+    threading.Thread(target=loop, name="trainq-reconcile", daemon=True).start()
 
 
 def _worker_options(p: argparse.ArgumentParser) -> None:

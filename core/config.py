@@ -30,7 +30,13 @@ class Settings(BaseSettings):
     api_key: str | None = None  # for clients; default the key file in data_dir
     metrics_maxlen: int = Field(200_000, ge=1000, description="Per-job Redis stream bound.")
     heartbeat_timeout_s: float = Field(
-        30.0, gt=0, description="A running job whose training loop is silent this long is lost."
+        30.0, gt=0, description="A running job whose attempt wrote no heartbeat this long is lost."
+    )
+    stall_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="A running attempt whose trainer made no progress this long (no step, "
+        "no piece of a step-free phase) is hung: it stops beating, so it is declared lost.",
     )
     reconcile_interval_s: float = Field(10.0, gt=0, description="How often workers reconcile.")
     queue_grace_s: float = Field(
@@ -38,6 +44,24 @@ class Settings(BaseSettings):
     )
     db_busy_timeout_s: float = Field(15.0, gt=0, description="SQLite: wait for a lock this long.")
     job_timeout_s: int = Field(7 * 24 * 3600, ge=60)
+    max_parallel_uploads: int = Field(
+        2,
+        ge=1,
+        description="POST /datasets parsed at once per API process (each may hold a few "
+        "times its decompressed size in memory); more answer 429 with Retry-After.",
+    )
+    submit_redis_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        description="The API's enqueue of new jobs waits for Redis at most this long (twice, "
+        "with one retry); it runs inside the jobs' open database transaction.",
+    )
+    commit_wait_s: float = Field(
+        5.0,
+        gt=0,
+        description="A worker handed a job the API enqueued waits this long for the API to "
+        "commit its row, then refuses the entry (the submission failed).",
+    )
 
     @field_validator("data_dir")
     @classmethod

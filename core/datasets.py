@@ -3,19 +3,23 @@ the four MNIST IDX files) checked and turned into the canonical form the trainer
 .npz of uint8 images (N, C, H, W) and int64 labels, train and test.
 
 Nothing here trusts the upload: zip members are counted and sized before anything is
-decompressed (and never decompressed past their declared size), paths are checked, arrays
-are loaded without pickle, images' sizes are read from their headers before decoding."""
+decompressed (and never decompressed past their declared size), a gzipped IDX file is
+inflated as a stream, never past what its header promises, nothing may expand more than
+MAX_RATIO times, paths are checked, arrays are loaded without pickle, images' sizes are read
+from their headers before decoding, and a set that nothing can be learnt from is refused."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
 import io
+import math
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +30,7 @@ from core.errors import DatasetTooLarge, InvalidDataset
 MAX_UPLOAD_BYTES = 200 << 20  # the body of POST /datasets
 MAX_UNCOMPRESSED_BYTES = 1 << 30  # a zip's members, all together; also the pixels stored
 MAX_MEMBERS = 300_000
-MAX_RATIO = 100  # uncompressed / compressed, for members over RATIO_FLOOR bytes
+MAX_RATIO = 100  # expanded / compressed bytes, past RATIO_FLOOR: members, .gz, pixels
 RATIO_FLOOR = 1 << 20
 MAX_IMAGES = 200_000
 MAX_SIDE = 256
@@ -107,15 +111,22 @@ def checked_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
         parts = name.replace("\\", "/").split("/")
         if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or ".." in parts:
             raise InvalidDataset(f"zip member {name!r}: absolute paths and '..' are refused")
-        if info.file_size > RATIO_FLOOR and info.file_size > MAX_RATIO * max(info.compress_size, 1):
-            raise DatasetTooLarge(
-                f"zip member {name!r} expands {info.file_size // max(info.compress_size, 1)} "
-                f"times: at most {MAX_RATIO} (a zip bomb?)"
-            )
+        check_ratio(info.file_size, info.compress_size, f"zip member {name!r}")
         if info.is_dir() or parts[0] == "__MACOSX" or any(p.startswith(".") for p in parts):
             continue
         out.append(info)
     return out
+
+
+def check_ratio(expanded: int, packed: int, what: str) -> None:
+    """The zip-bomb guard, for zip members, gzipped IDX files and decoded pixels alike:
+    past RATIO_FLOOR, nothing may hold more than MAX_RATIO times the bytes it came from.
+    Real images and labels compress a few times; only near-constant data compresses more,
+    and such data is refused anyway (see _check_learnable)."""
+    if expanded > RATIO_FLOOR and expanded > MAX_RATIO * max(packed, 1):
+        raise DatasetTooLarge(
+            f"{what} expands {expanded // max(packed, 1)} times: at most {MAX_RATIO} (a zip bomb?)"
+        )
 
 
 def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
@@ -203,47 +214,73 @@ def _from_idx(zf: zipfile.ZipFile, members: list[zipfile.ZipInfo]) -> tuple[U8, 
     arrays: dict[str, np.ndarray[Any, Any]] = {}
     budget = MAX_UNCOMPRESSED_BYTES
     for key, info in found.items():
-        raw = read_member(zf, info)
-        if info.filename.endswith(".gz"):
-            try:
-                with gzip.GzipFile(fileobj=io.BytesIO(raw)) as g:
-                    raw = g.read(budget + 1)
-            except (OSError, EOFError) as e:
-                raise InvalidDataset(f"{info.filename!r}: not a valid gzip file ({e})") from e
-            if len(raw) > budget:
-                raise DatasetTooLarge(
-                    f"{info.filename!r}: the IDX files hold over {MAX_UNCOMPRESSED_BYTES} "
-                    "bytes uncompressed (1 GiB)"
-                )
-        budget -= len(raw)
-        arrays[key] = _read_idx(raw, info.filename)
-    x_train, x_test = arrays["x_train"], arrays["x_test"]
-    for key, x in (("x_train", x_train), ("x_test", x_test)):
-        if x.ndim != 3:
-            raise InvalidDataset(f"{key}: the IDX images must be (N, H, W), not {list(x.shape)}")
+        arrays[key] = _idx_member(zf, info, key, budget)
+        budget -= arrays[key].nbytes
     return (
-        np.ascontiguousarray(x_train[:, None]),
+        np.ascontiguousarray(arrays["x_train"][:, None]),
         _labels(arrays["y_train"], "y_train"),
-        np.ascontiguousarray(x_test[:, None]),
+        np.ascontiguousarray(arrays["x_test"][:, None]),
         _labels(arrays["y_test"], "y_test"),
     )
 
 
-def _read_idx(raw: bytes, name: str) -> U8:
-    """IDX: magic (0, 0, 0x08 = ubyte, ndim), big-endian uint32 dims, the bytes."""
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or not 1 <= raw[3] <= 4:
+def _idx_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, budget: int) -> U8:
+    """One IDX member, gzipped or not, read as a stream: a gzip member is never inflated
+    past what its header promises, and the promise is checked before any pixel is read."""
+    gz = info.filename.endswith(".gz")
+    try:
+        with zf.open(info) as member:
+            if not gz:
+                return _read_idx(member, info, key, budget)
+            with gzip.GzipFile(fileobj=member) as inflated:
+                return _read_idx(inflated, info, key, budget)
+    except (OSError, EOFError, zlib.error) as e:
+        if not gz:
+            raise
+        raise InvalidDataset(f"{info.filename!r}: not a valid gzip file ({e})") from e
+
+
+def _read_idx(f: IO[bytes] | gzip.GzipFile, info: zipfile.ZipInfo, key: str, budget: int) -> U8:
+    """IDX: magic (0, 0, 0x08 = ubyte, ndim), big-endian uint32 dims, the bytes. The dims
+    are checked (shape, count, sides, the 1 GiB budget, the expansion ratio) before the
+    bytes are read, and no more than they promise is ever read."""
+    name = info.filename
+    magic = f.read(4)
+    if len(magic) < 4 or magic[:3] != b"\0\0\x08" or not 1 <= magic[3] <= 4:
         raise InvalidDataset(f"{name!r}: not an unsigned-byte IDX file (bad magic number)")
-    ndim = raw[3]
-    if len(raw) < 4 + 4 * ndim:
+    ndim = magic[3]
+    header = f.read(4 * ndim)
+    if len(header) < 4 * ndim:
         raise InvalidDataset(f"{name!r}: truncated IDX header")
-    dims = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
-    size = int(np.prod(dims, dtype=np.int64))
-    if len(raw) != 4 + 4 * ndim + size:
-        raise InvalidDataset(
-            f"{name!r}: the header says {list(dims)} ({size} bytes), the file holds "
-            f"{len(raw) - 4 - 4 * ndim}"
+    dims = struct.unpack(f">{ndim}I", header)
+    _check_idx_dims(dims, key, name)
+    size = math.prod(dims)
+    if size > budget:
+        raise DatasetTooLarge(
+            f"{name!r}: the IDX files hold over {MAX_UNCOMPRESSED_BYTES} bytes uncompressed (1 GiB)"
         )
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    check_ratio(size, info.compress_size, f"zip member {name!r}")
+    raw = f.read(size + 1)
+    if len(raw) != size:
+        holds = "more" if len(raw) > size else len(raw)
+        raise InvalidDataset(
+            f"{name!r}: the header says {list(dims)} ({size} bytes), the file holds {holds}"
+        )
+    return np.frombuffer(raw, dtype=np.uint8).reshape(dims)
+
+
+def _check_idx_dims(dims: tuple[int, ...], key: str, name: str) -> None:
+    if key.startswith("y_"):
+        if len(dims) != 1:
+            raise InvalidDataset(f"{key}: labels must be one-dimensional (N,), not {list(dims)}")
+    elif len(dims) != 3:
+        raise InvalidDataset(f"{key}: the IDX images must be (N, H, W), not {list(dims)}")
+    elif not all(MIN_SIDE <= side <= MAX_SIDE for side in dims[1:]):
+        raise InvalidDataset(
+            f"{name!r}: images are {dims[1]}×{dims[2]}: each side must be {MIN_SIDE} to {MAX_SIDE}"
+        )
+    if dims[0] > MAX_IMAGES:
+        raise DatasetTooLarge(f"{name!r}: {dims[0]} images: at most {MAX_IMAGES}")
 
 
 # ---------------------------------------------------------------------------- folders
@@ -291,8 +328,14 @@ def _from_folders(
             color = color or img.mode not in GRAY_MODES
     assert size is not None
     c = 3 if color else 1
-    if count * c * size[0] * size[1] > MAX_UNCOMPRESSED_BYTES:
+    pixels = count * c * size[0] * size[1]
+    if pixels > MAX_UNCOMPRESSED_BYTES:
         raise DatasetTooLarge(f"{count} images of {c}×{size[1]}×{size[0]}: over 1 GiB of pixels")
+    check_ratio(
+        pixels,
+        sum(m.compress_size for m in members),
+        f"{count} images of {c}×{size[1]}×{size[0]} pixels",
+    )
     x = np.empty((count, size[1], size[0], c), dtype=np.uint8)
     y = np.empty(count, dtype=np.int64)
     for i, (k, m) in enumerate(ordered):
@@ -361,6 +404,28 @@ def _check_classes(n: int) -> None:
         raise InvalidDataset(f"{n} classes: a data set needs {MIN_CLASSES} to {MAX_CLASSES}")
 
 
+def _check_learnable(x_train: U8, y_train: I64) -> None:
+    """Refuse a training set that nothing can be learnt from: one value everywhere (a
+    standard deviation of 0, which normalisation divides by), one image repeated, or one
+    class only."""
+    low, high = int(x_train.min()), int(x_train.max())
+    if low == high:
+        raise InvalidDataset(
+            f"every pixel of every x_train image is {low} (a standard deviation of 0): "
+            "there is nothing to learn from"
+        )
+    if np.array_equal(x_train.min(axis=0), x_train.max(axis=0)):
+        raise InvalidDataset(
+            f"all {len(x_train)} x_train images are the same image: there is nothing to learn from"
+        )
+    present = np.unique(y_train)
+    if len(present) < 2:
+        raise InvalidDataset(
+            f"every y_train label is {int(present[0])}: training needs at least 2 classes "
+            "among the train labels"
+        )
+
+
 def canonical(
     x_train: U8, y_train: I64, x_test: U8, y_test: I64, classes: tuple[str, ...] | None = None
 ) -> ParsedDataset:
@@ -393,6 +458,7 @@ def canonical(
         )
     num_classes = high + 1
     _check_classes(num_classes)
+    _check_learnable(x_train, y_train)
     buf = io.BytesIO()
     extra: dict[str, Any] = {} if classes is None else {"classes": np.array(classes, dtype=str)}
     np.savez_compressed(

@@ -86,6 +86,8 @@ class Job(Base):
     finished_at: Mapped[dt.datetime | None]
     heartbeat_at: Mapped[dt.datetime | None]
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Attempts that a stopping worker handed back (SIGTERM): not restarts (core.reconcile).
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(200))
     device: Mapped[str | None] = mapped_column(String(200))
     total_steps: Mapped[int | None]
@@ -133,7 +135,8 @@ class StepMetric(Base):
 
 
 class Checkpoint(Base):
-    """The latest epoch checkpoint of a job: what a requeued job resumes from."""
+    """The latest checkpoint of a job: what a requeued job resumes from. Written at the end
+    of each epoch, and mid-epoch (at `step`, inside `epoch`) when its worker stopped."""
 
     __tablename__ = "checkpoints"
 

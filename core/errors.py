@@ -57,8 +57,28 @@ class TrainingStopped(TrainqError):
     code = "canceled"
 
 
+class TrainingPreempted(TrainqError):
+    """`should_preempt` asked the trainer to hand the run back (its worker is stopping): the
+    run stopped at a step boundary, and `checkpoint` resumes it at the next step."""
+
+    code = "preempted"
+
+    def __init__(self, epoch: int, step: int, checkpoint: bytes) -> None:
+        super().__init__(f"preempted at step {step}, in epoch {epoch}")
+        self.epoch = epoch
+        self.step = step
+        self.checkpoint = checkpoint
+
+
 class OutOfMemory(TrainqError):
     code = "out_of_memory"
+
+
+class InternalError(TrainqError):
+    """An error that is not one of the above (a bug, a database write refused): the job
+    fails at once, since a retry would meet it again; the traceback goes to the log."""
+
+    code = "internal"
 
 
 class ExportMismatch(TrainqError):

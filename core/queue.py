@@ -3,12 +3,30 @@
     Queue("trainq", connection=r, serializer=JSONSerializer).enqueue(
         "worker.tasks.train", spec={...}, job_id=str(uuid4()))
 
-The payload is JSON (never pickle): whoever can write to the queue cannot run code on a GPU
-host. An optional `owner` keyword names the API key's owner; without it the job belongs to
-the admins."""
+The payload is JSON (never pickle), and the queue is an API like HTTP: whoever can write to
+it cannot run code on a GPU host. A worker runs an entry only if `contract_violation` finds
+nothing wrong with it:
+
+- the function is exactly `worker.tasks.train`, called without an instance, and the entry
+  names no callback (on_success, on_failure, on_stopped), webhook, dependency, RQ retry or
+  repeat;
+- no positional arguments; the keywords are `spec` (a JSON object, at most 16 KiB as
+  compact JSON and 4 levels deep), `owner` (1 to 200 characters; absent or None: the job
+  belongs to the admins), `job_id` (a requeue's job, a canonical UUID) and `via` ("api");
+- the entry id is the job id (a canonical UUID), or the job id, "-" and a suffix of up to
+  16 characters of [a-z0-9] (`<uuid>-a2`, `<uuid>-q1f2e3d4c`: a requeue, which then names
+  its job in `job_id`).
+
+A refused entry is failed in RQ (its FailedJobRegistry, with the reason) and nothing of it
+runs: no import, no call, no trainq job row. The check reads only what RQ stored, so it
+imports nothing a producer names."""
 
 from __future__ import annotations
 
+import json
+import re
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
@@ -18,6 +36,161 @@ from rq.serializers import JSONSerializer
 TASK = "worker.tasks.train"
 RESULT_TTL_S = 3600
 FAILURE_TTL_S = 7 * 24 * 3600
+PAYLOAD_KEYS = frozenset({"spec", "owner", "job_id", "via"})
+MAX_PAYLOAD_BYTES = 32 * 1024  # the spec's bound and room for the rest; read before parsing
+MAX_SPEC_BYTES = 16 * 1024  # a real spec is a few hundred bytes
+MAX_SPEC_DEPTH = 4  # a JobSpec is flat: depth 1
+MAX_OWNER_CHARS = 200
+ENTRY_SUFFIX = re.compile(r"[a-z0-9]{1,16}")
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    """What a producer controls about one entry on the queue, as RQ stored it."""
+
+    id: str
+    payload: bytes  # RQ's JSON serializer: [function, instance, args, kwargs]
+    callbacks: tuple[str, ...] = ()  # the names given as on_success, on_failure, on_stopped
+    webhooks: int = 0
+    dependencies: tuple[str, ...] = ()
+    retries: int = 0
+    repeats: int = 0
+
+
+def contract_violation(entry: QueueEntry) -> str | None:
+    """Why a worker must not run this entry, or None when it may."""
+    if len(entry.payload) > MAX_PAYLOAD_BYTES:
+        return f"the payload is {len(entry.payload)} bytes; at most {MAX_PAYLOAD_BYTES} are read"
+    try:
+        function, instance, args, kwargs = _parse(entry.payload)
+    except (ValueError, RecursionError) as e:
+        return f"the payload is not RQ's JSON [function, instance, args, kwargs]: {e}"
+    if function != TASK:
+        return f"only {TASK} runs on a trainq worker, not {_shown(function)}"
+    if instance is not None:
+        return "a method of an instance is not part of the queue contract"
+    return (
+        _extras_violation(entry)
+        or _args_violation(args, kwargs)
+        or _spec_violation(kwargs["spec"])
+        or _owner_violation(kwargs.get("owner"))
+        or _ids_violation(kwargs.get("job_id"), entry.id)
+        or _via_violation(kwargs)
+    )
+
+
+def is_uuid(value: object) -> bool:
+    """A UUID in its canonical form, as str(uuid4()) writes it."""
+    if not isinstance(value, str):
+        return False
+    try:
+        return str(uuid.UUID(value)) == value
+    except ValueError:
+        return False
+
+
+def _parse(payload: bytes) -> tuple[Any, Any, Any, Any]:
+    call = json.loads(payload, parse_constant=_no_constant)
+    if not isinstance(call, list) or len(call) != 4:
+        raise ValueError("not an array of four")
+    return call[0], call[1], call[2], call[3]
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _extras_violation(entry: QueueEntry) -> str | None:
+    if entry.callbacks:
+        return f"callbacks are refused: {_shown(list(entry.callbacks))}"
+    if entry.webhooks:
+        return "webhooks are refused"
+    if entry.dependencies:
+        return "dependencies are refused"
+    if entry.retries or entry.repeats:
+        return "RQ retries and repeats are refused: trainq requeues a lost job itself"
+    return None
+
+
+def _args_violation(args: Any, kwargs: Any) -> str | None:
+    if args:
+        return "positional arguments are refused: pass spec= (and owner=) by keyword"
+    if not isinstance(kwargs, dict):
+        return f"the keywords must be a JSON object, not {_json_type(kwargs)}"
+    unknown = sorted(set(kwargs) - PAYLOAD_KEYS)
+    if unknown:
+        return f"unknown keywords {_shown(unknown)}; the contract has {sorted(PAYLOAD_KEYS)}"
+    if "spec" not in kwargs:
+        return "spec= is missing"
+    return None
+
+
+def _spec_violation(spec: Any) -> str | None:
+    if not isinstance(spec, dict):
+        return f"spec= must be a JSON object, not {_json_type(spec)}"
+    if _depth(spec) > MAX_SPEC_DEPTH:
+        return f"spec= nests deeper than {MAX_SPEC_DEPTH} levels"
+    size = len(json.dumps(spec, separators=(",", ":")).encode())
+    if size > MAX_SPEC_BYTES:
+        return f"spec= is {size} bytes as JSON; at most {MAX_SPEC_BYTES}"
+    return None
+
+
+def _owner_violation(owner: Any) -> str | None:
+    if owner is None or (isinstance(owner, str) and 1 <= len(owner) <= MAX_OWNER_CHARS):
+        return None
+    return (
+        f"owner= must be a string of 1 to {MAX_OWNER_CHARS} characters, or absent; "
+        f"not {_shown(owner) if isinstance(owner, str) else _json_type(owner)}"
+    )
+
+
+def _ids_violation(job_id: Any, entry_id: str) -> str | None:
+    if job_id is None:
+        if is_uuid(entry_id):
+            return None
+        return f"the entry id {_shown(entry_id)} is not a UUID, and no job_id= names the job"
+    if not is_uuid(job_id):
+        return f"job_id= must be a UUID as str(uuid4()) writes it, not {_shown(job_id)}"
+    suffix = entry_id.removeprefix(f"{job_id}-")
+    if entry_id == job_id or (suffix != entry_id and ENTRY_SUFFIX.fullmatch(suffix)):
+        return None
+    return f"the entry id {_shown(entry_id)} must be job_id=, or it, '-' and [a-z0-9]{{1,16}}"
+
+
+def _via_violation(kwargs: dict[str, Any]) -> str | None:
+    if "via" not in kwargs or kwargs["via"] == "api":
+        return None
+    return f"via= is 'api' or absent, not {_shown(kwargs['via'])}"
+
+
+def _depth(value: Any) -> int:
+    """How deep a parsed JSON value nests: an object of numbers and strings is 1."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    return names.get(type(value), "a number")
+
+
+def _shown(value: Any) -> str:
+    """A producer's value in a message, cut short: it may be as long as the payload."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def job_queue(r: Redis, name: str) -> Queue:
@@ -59,7 +232,7 @@ def enqueue_jobs(
         [
             Queue.prepare_data(
                 TASK,
-                kwargs=_payload(spec, owner),
+                kwargs=_payload(spec, owner, via=VIA_API),
                 job_id=job_id,
                 timeout=timeout_s,
                 result_ttl=RESULT_TTL_S,
@@ -71,8 +244,17 @@ def enqueue_jobs(
     )
 
 
-def _payload(spec: dict[str, Any], owner: str | None) -> dict[str, Any]:
-    return {"spec": spec} if owner is None else {"spec": spec, "owner": owner}
+# The API enqueues new jobs inside the transaction that inserts their rows, and commits
+# after: a worker handed an entry marked so waits a moment for the row, and refuses the
+# entry if it never comes (the submission failed and its client got an error).
+VIA_API = "api"
+
+
+def _payload(spec: dict[str, Any], owner: str | None, via: str | None = None) -> dict[str, Any]:
+    payload: dict[str, Any] = {"spec": spec} if owner is None else {"spec": spec, "owner": owner}
+    if via is not None:
+        payload["via"] = via
+    return payload
 
 
 def entry_is_live(r: Redis, queue_entry: str) -> bool:

@@ -2,8 +2,9 @@
 
 Run periodically by every `trainq worker` launcher (the guarded updates let any number run
 at once). It heals three drifts:
-- a running job whose training loop stopped writing heartbeats (its worker died): requeued
-  to resume from its last checkpoint, up to the spec's `max_restarts`, then failed with
+- a running job whose attempt stopped writing heartbeats (its worker died, or its trainer
+  made no progress for TRAINQ_STALL_TIMEOUT_S, so it stopped beating): requeued to resume
+  from its last checkpoint, up to the spec's `max_restarts`, then failed with
   `worker_lost`; a lost job that was being canceled ends `canceled`; a silent work horse
   that is still there (stuck rather than dead) gets RQ's stop command;
 - a queued job with no live queue entry (a crash between the insert and the enqueue, or a
@@ -62,11 +63,11 @@ def reconcile_once(db: Database, r: Redis, settings: Settings) -> Report:
 
 
 def _handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: Report) -> None:
-    # A silent attempt may be stuck rather than dead: stop its work horse, if any, so that it
-    # frees its GPU (its writes are fenced off either way).
-    if job.queue_entry and stop_entry(r, job.queue_entry):
-        log.warning("job %s: sent RQ's stop command to its silent work horse", job.id)
-    restarts_used = max(job.attempt - 1, 0)
+    # `job` may be a stale read: each update below also requires the attempt to be silent
+    # still, so an attempt that beat since then (alive after all) is left alone.
+    silent_since = utcnow() - dt.timedelta(seconds=settings.heartbeat_timeout_s)
+    # An attempt handed back by a stopping worker (a preemption) is not a restart.
+    restarts_used = max(job.attempt - 1 - job.preemptions, 0)
     max_restarts = int(job.spec.get("max_restarts", 2))
     seen = f"last heartbeat {as_utc(job.heartbeat_at)}, worker {job.worker}"
     if job.cancel_requested or restarts_used >= max_restarts:
@@ -84,20 +85,33 @@ def _handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: R
                 message=message,
                 from_statuses=(JobStatus.running,),
                 attempt=job.attempt,
+                silent_since=silent_since,
             )
         if moved:
+            _stop_silent_horse(r, job)
             report.failed.append(job.id)
             _publish(r, job, {"status": status, "error": {"code": code, "message": message}})
         return
     entry = f"{job.id}-a{job.attempt + 1}"
     with db.session() as s:
-        if not requeue_job(s, job_id=job.id, attempt=job.attempt, queue_entry=entry):
+        if not requeue_job(
+            s, job_id=job.id, attempt=job.attempt, queue_entry=entry, silent_since=silent_since
+        ):
             return
+    _stop_silent_horse(r, job)
     _enqueue(r, settings, job, entry)
     report.requeued.append(job.id)
     log.warning(
         "job %s lost its worker (%s); requeued as attempt %d", job.id, seen, job.attempt + 1
     )
+
+
+def _stop_silent_horse(r: Redis, job: Job) -> None:
+    """A lost attempt may be stuck rather than dead: stop its work horse, if any, so that it
+    frees its GPU (its writes are fenced off either way). Sent only once the job has moved
+    on: an attempt that turned out alive is never stopped."""
+    if job.queue_entry and stop_entry(r, job.queue_entry):
+        log.warning("job %s: sent RQ's stop command to its silent work horse", job.id)
 
 
 def _enqueue(r: Redis, settings: Settings, job: Job, entry: str) -> None:
@@ -114,6 +128,6 @@ def _enqueue(r: Redis, settings: Settings, job: Job, entry: str) -> None:
 
 def _publish(r: Redis, job: Job, payload: dict[str, object]) -> None:
     try:
-        publish_status(r, job.id, job.progress_step, payload)
+        publish_status(r, job.id, job.progress_step, payload, attempt=job.attempt)
     except Exception as e:  # the stream is best effort; the database has the truth
         log.warning("could not publish the status of job %s: %s", job.id, e)

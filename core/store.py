@@ -73,6 +73,7 @@ def new_job(
         request_hash=spec_hash(spec),
         created_at=utcnow(),
         attempt=0,
+        preemptions=0,
         queue_entry=job_id,
         enqueued_at=utcnow(),
         progress_step=0,
@@ -254,14 +255,18 @@ def end_job(
     message: str | None = None,
     from_statuses: Sequence[JobStatus] = (JobStatus.queued, JobStatus.running),
     attempt: int | None = None,
+    silent_since: dt.datetime | None = None,
 ) -> bool:
     """Move a job to a terminal status unless it already is in one (or, with `attempt`,
-    unless another attempt owns it now). True if it moved."""
+    unless another attempt owns it now; with `silent_since`, unless it beat since then: a
+    lost job seen in a stale read). True if it moved."""
     if status not in TERMINAL:
         raise ValueError(f"{status} is not a terminal status")
     q = update(Job).where(Job.id == job_id, Job.status.in_(list(from_statuses)))
     if attempt is not None:
         q = q.where(Job.attempt == attempt)
+    if silent_since is not None:
+        q = q.where(Job.heartbeat_at < silent_since)
     res = s.execute(
         q.values(status=status, error_code=code, error_message=message, finished_at=utcnow())
     )
@@ -275,15 +280,53 @@ def lost_jobs(s: Session, *, silent_since: dt.datetime) -> Sequence[Job]:
     ).all()
 
 
-def requeue_job(s: Session, *, job_id: str, attempt: int, queue_entry: str) -> bool:
+def requeue_job(
+    s: Session, *, job_id: str, attempt: int, queue_entry: str, silent_since: dt.datetime
+) -> bool:
     """A lost attempt's job goes back to queued (it resumes from its last checkpoint). Only
-    one reconciler wins: the update is guarded by the attempt it saw."""
+    one reconciler wins: the update is guarded by the attempt it saw, and by the attempt
+    still being silent since `silent_since` (one that beat after the read is alive)."""
     res = s.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.running, Job.attempt == attempt)
+        .where(Job.heartbeat_at < silent_since)
         .values(status=JobStatus.queued, worker=None, queue_entry=queue_entry, enqueued_at=utcnow())
     )
     return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def preempt_job(
+    s: Session,
+    *,
+    job_id: str,
+    attempt: int,
+    epoch: int,
+    step: int,
+    steps: Sequence[StepMetrics],
+    checkpoint: bytes,
+    queue_entry: str,
+) -> bool:
+    """A running attempt whose worker is stopping hands its job back: running -> queued, in
+    one transaction with its mid-epoch checkpoint and its steps since the last epoch. It is
+    a preemption, not a restart. False if the attempt no longer owns the job."""
+    res = s.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.running, Job.attempt == attempt)
+        .values(
+            status=JobStatus.queued,
+            worker=None,
+            queue_entry=queue_entry,
+            enqueued_at=utcnow(),
+            preemptions=Job.preemptions + 1,
+            progress_step=step,
+        )
+    )
+    if res.rowcount == 0:  # type: ignore[attr-defined]
+        return False
+    _replace_steps(s, job_id, steps[0].step if steps else step + 1, steps)
+    s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
+    s.add(Checkpoint(job_id=job_id, epoch=epoch, step=step, data=checkpoint))
+    return True
 
 
 def stale_queued_jobs(s: Session, *, enqueued_before: dt.datetime) -> Sequence[Job]:

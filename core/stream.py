@@ -3,18 +3,33 @@
 One Redis Stream per job with explicit entry ids, so a stream id is also a cursor:
 `{step}-0` is the metric point of that step, `{step}-1` the end of an epoch at that step,
 `{step}-2` a job starting (or resuming) after that step and `{step}-3` the job ending.
-The database keeps the full history; Redis may lose or expire the stream."""
+The database keeps the full history; Redis may lose or expire the stream.
+
+Every write goes through one Lua script (one atomic round trip), fenced by attempt: a key
+beside the stream holds the attempt that last started, and a write of an earlier attempt
+is refused. Writing an entry twice is harmless (a batch whose reply was lost, sent again):
+entries not above the stream's last id are skipped. Nothing is written after the end, and
+the end is keyed at or above the stream's last step, so it is always accepted. Every key of
+a job expires: a week after its last write, a day after it ended."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
-from collections.abc import Sequence
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
+from enum import Enum
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisError
+
+from core.db import JobStatus
 
 if TYPE_CHECKING:
     from core.train import EpochMetrics, StepMetrics
@@ -22,15 +37,100 @@ if TYPE_CHECKING:
 
 STEP, EPOCH, START, END = 0, 1, 2, 3
 KIND = {STEP: "step", EPOCH: "epoch", START: "status", END: "status"}
+LIVE_TTL_S = 7 * 24 * 3600  # rolling: from the last write
 FINISHED_TTL_S = 24 * 3600
+WRITE_BATCH = 1000  # entries per script call: a long backlog must not block Redis for long
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 1.0, 15.0
+
+log = logging.getLogger("trainq.stream")
+
+Entry = tuple[str, str, dict[str, Any]]  # (stream id, kind, data), as read
+Pending = tuple[str, str]  # (stream id, JSON data), to write
+
+
+class Outcome(Enum):
+    WRITTEN = "written"  # every entry is in the stream now (added, or there already)
+    SUPERSEDED = "superseded"  # a later attempt started: nothing of this one is written
+    ENDED = "ended"  # the stream already holds its end: nothing more is written
+
+
+# KEYS: stream, attempt, cancel. ARGV: attempt, maxlen (0: no trim), live TTL ms, ended
+# TTL ms, then (id, data) pairs in id order.
+_WRITE_LUA = """
+local stream, attempt_key, cancel_key = KEYS[1], KEYS[2], KEYS[3]
+local attempt, maxlen = tonumber(ARGV[1]), ARGV[2]
+local current = tonumber(redis.call('GET', attempt_key) or '0')
+if attempt < current then return -1 end
+local function parse(id)
+  local step, seq = string.match(id, '^(%d+)-(%d)$')
+  return tonumber(step), tonumber(seq)
+end
+local last_step, last_seq = 0, 0
+if redis.call('EXISTS', stream) == 1 then
+  local info = redis.call('XINFO', 'STREAM', stream)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then last_step, last_seq = parse(info[i + 1]) end
+  end
+end
+if last_seq == 3 then return -2 end
+local added, ended = 0, false
+for i = 5, #ARGV, 2 do
+  local step, seq = parse(ARGV[i])
+  if seq == 2 and attempt > current then
+    -- a new attempt resumes after `step`: what an earlier one wrote past it goes
+    redis.call('SET', attempt_key, attempt)
+    current = attempt
+    if redis.call('EXISTS', stream) == 1 then
+      local later = redis.call('XRANGE', stream, string.format('%d-2', step), '+')
+      for _, e in ipairs(later) do redis.call('XDEL', stream, e[1]) end
+      redis.call('XSETID', stream, string.format('%d-1', step))
+      last_step, last_seq = step, 1
+    end
+  elseif seq == 3 and last_step > step then
+    step = last_step
+  end
+  if step > last_step or (step == last_step and seq > last_seq) then
+    local id = string.format('%d-%d', step, seq)
+    if maxlen == '0' then
+      redis.call('XADD', stream, id, 'data', ARGV[i + 1])
+    else
+      redis.call('XADD', stream, 'MAXLEN', '~', maxlen, id, 'data', ARGV[i + 1])
+    end
+    last_step, last_seq, added = step, seq, added + 1
+  end
+  if seq == 3 then
+    ended = true
+    break
+  end
+end
+local ttl = ended and ARGV[4] or ARGV[3]
+redis.call('PEXPIRE', stream, ttl)
+redis.call('PEXPIRE', attempt_key, ttl)
+if ended then redis.call('PEXPIRE', cancel_key, ttl) end
+return added
+"""
 
 
 def stream_key(job_id: str) -> str:
     return f"trainq:job:{job_id}:events"
 
 
+def attempt_key(job_id: str) -> str:
+    return f"trainq:job:{job_id}:attempt"
+
+
 def cancel_key(job_id: str) -> str:
     return f"trainq:job:{job_id}:cancel"
+
+
+def job_keys(job_id: str) -> list[str]:
+    """Every key a job has in Redis besides its queue entries (RQ's own)."""
+    return [stream_key(job_id), attempt_key(job_id), cancel_key(job_id)]
+
+
+def ask_to_stop(r: Redis, job_id: str) -> None:
+    """Tell a running attempt to stop (it polls this between steps)."""
+    r.set(cancel_key(job_id), 1, ex=LIVE_TTL_S)
 
 
 def _finite(d: dict[str, Any]) -> dict[str, Any]:
@@ -38,50 +138,144 @@ def _finite(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
-def publish_steps(r: Redis, job_id: str, points: Sequence[StepMetrics], maxlen: int) -> None:
-    """One round trip for a block of steps."""
-    key = stream_key(job_id)
-    pipe = r.pipeline(transaction=False)
-    for p in points:
-        pipe.xadd(
-            key,
-            {"data": json.dumps(_finite(asdict(p)))},
-            id=f"{p.step}-{STEP}",
-            maxlen=maxlen,
-            approximate=True,
+def _pending(step: int, seq: int, data: dict[str, Any]) -> Pending:
+    return f"{step}-{seq}", json.dumps(_finite(data))
+
+
+def step_entries(points: Iterable[StepMetrics]) -> list[Pending]:
+    return [_pending(p.step, STEP, asdict(p)) for p in points]
+
+
+def epoch_entry(m: EpochMetrics) -> Pending:
+    return _pending(m.step, EPOCH, asdict(m))
+
+
+def status_entry(step: int, payload: dict[str, Any]) -> Pending:
+    """A terminal status is the job's end; any other starts (or resumes) it after `step`."""
+    ending = JobStatus(payload["status"]).terminal
+    return _pending(step, END if ending else START, payload)
+
+
+def write(
+    r: Redis, job_id: str, attempt: int, entries: Sequence[Pending], maxlen: int = 0
+) -> Outcome:
+    """One atomic round trip: `entries` (in id order) as attempt `attempt` writes them."""
+    script = r.register_script(_WRITE_LUA)
+    args: list[str | int] = [attempt, maxlen, LIVE_TTL_S * 1000, FINISHED_TTL_S * 1000]
+    for entry_id, data in entries:
+        args += [entry_id, data]
+    added: Any = script(keys=job_keys(job_id), args=args)
+    return {-1: Outcome.SUPERSEDED, -2: Outcome.ENDED}.get(int(added), Outcome.WRITTEN)
+
+
+def publish_steps(
+    r: Redis, job_id: str, points: Sequence[StepMetrics], maxlen: int, *, attempt: int
+) -> Outcome:
+    return write(r, job_id, attempt, step_entries(points), maxlen)
+
+
+def publish_epoch(r: Redis, job_id: str, m: EpochMetrics, *, attempt: int) -> Outcome:
+    return write(r, job_id, attempt, [epoch_entry(m)])
+
+
+def publish_status(
+    r: Redis, job_id: str, step: int, payload: dict[str, Any], *, attempt: int
+) -> Outcome:
+    """A status change after `step`. A start removes what earlier attempts wrote past
+    `step`, so every step stays in the stream exactly once; an end is keyed at the
+    stream's last step if that is higher, and closes the stream."""
+    return write(r, job_id, attempt, [status_entry(step, payload)])
+
+
+class Publisher:
+    """One attempt's writes to its job's stream, in order, from one queue: step blocks,
+    epoch ends and status changes alike, so none overtakes another and none is lost
+    while Redis is away. A failed write keeps the queue and backs off (Redis is not asked
+    again for 1 s, doubling to 15 s), so an outage costs the training loop no time. The
+    queue is bounded by the stream's own MAXLEN: older points would be trimmed anyway,
+    and the database has every step."""
+
+    def __init__(self, r: Redis, job_id: str, attempt: int, maxlen: int) -> None:
+        self.r = r
+        self.job_id = job_id
+        self.attempt = attempt
+        self.maxlen = maxlen
+        self.waiting: deque[Pending] = deque()
+        self.stopped: Outcome | None = None  # superseded or ended: nothing more to write
+        self.retry_at = 0.0
+        self.backoff_s = 0.0
+
+    def add(self, entries: Iterable[Pending]) -> None:
+        if self.stopped is None:
+            self.waiting.extend(entries)
+            self._bound()
+
+    def _bound(self) -> None:
+        excess = len(self.waiting) - self.maxlen
+        if excess <= 0:
+            return
+        start = self.waiting.popleft() if seq_of(self.waiting[0][0]) == START else None
+        for _ in range(excess):
+            self.waiting.popleft()
+        if start is not None:  # the start rewinds what an earlier attempt left: it stays
+            self.waiting.appendleft(start)
+
+    def available(self) -> bool:
+        """Whether Redis may be asked now (it did not fail a moment ago)."""
+        return time.monotonic() >= self.retry_at
+
+    def flush(self, *, force: bool = False) -> bool:
+        """Send what waits, unless Redis failed a moment ago (`force`: the last write of a
+        run, tried anyway). True if Redis took it all."""
+        if self.stopped is not None or not (force or self.available()):
+            return False
+        try:
+            while self.waiting:
+                batch = list(islice(self.waiting, WRITE_BATCH))
+                outcome = write(self.r, self.job_id, self.attempt, batch, self.maxlen)
+                if outcome is not Outcome.WRITTEN:
+                    self._stop(outcome)
+                    return False
+                for _ in batch:
+                    self.waiting.popleft()
+        except RedisError as e:
+            self.failed(e)
+            return False
+        self.backoff_s = 0.0
+        return True
+
+    def failed(self, e: RedisError) -> None:
+        """Redis failed a call: leave it alone for a while."""
+        self.backoff_s = min(max(self.backoff_s * 2, BACKOFF_FIRST_S), BACKOFF_MAX_S)
+        self.retry_at = time.monotonic() + self.backoff_s
+        log.warning(
+            "job %s: Redis unavailable (%s); %d entries wait, next try in %.0f s",
+            self.job_id,
+            e,
+            len(self.waiting),
+            self.backoff_s,
         )
-    pipe.execute()
 
+    def _stop(self, outcome: Outcome) -> None:
+        self.stopped = outcome
+        self.waiting.clear()
+        log.warning(
+            "job %s: attempt %d stops publishing: the stream is %s",
+            self.job_id,
+            self.attempt,
+            outcome.value,
+        )
 
-def publish_epoch(r: Redis, job_id: str, m: EpochMetrics) -> None:
-    r.xadd(stream_key(job_id), {"data": json.dumps(_finite(asdict(m)))}, id=f"{m.step}-{EPOCH}")
-
-
-def publish_status(r: Redis, job_id: str, step: int, payload: dict[str, Any]) -> None:
-    """A status change after `step`. On start, entries past `step` left by an earlier attempt
-    are removed first, so every step stays in the stream exactly once."""
-    key = stream_key(job_id)
-    ending = payload.get("status") in ("succeeded", "failed", "canceled")
-    if not ending:
-        rewind(r, job_id, step)
-    seq = END if ending else START
-    r.xadd(key, {"data": json.dumps(_finite(payload))}, id=f"{step}-{seq}")
-    if ending:
-        r.expire(key, FINISHED_TTL_S)
-
-
-def rewind(r: Redis, job_id: str, step: int) -> None:
-    """Drop entries after the end of `step` and let ids restart there."""
-    key = stream_key(job_id)
-    later: Any = r.xrange(key, min=f"{step}-{START}", max="+")
-    if later:
-        r.xdel(key, *[entry_id for entry_id, _ in later])
-    top: Any = r.xrevrange(key, count=1)
-    if later or top:
-        r.execute_command("XSETID", key, top[0][0] if top else "0-1")
-
-
-Entry = tuple[str, str, dict[str, Any]]  # (stream id, kind, data)
+    def cancel_requested(self) -> bool:
+        """The API's cancel flag, under the same back-off (the database's flag, read with
+        the heartbeat, covers an outage)."""
+        if not self.available():
+            return False
+        try:
+            return bool(self.r.exists(cancel_key(self.job_id)))
+        except RedisError as e:
+            self.failed(e)
+            return False
 
 
 def parse_entries(raw: Any) -> list[Entry]:

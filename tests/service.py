@@ -219,7 +219,7 @@ class Service:
     def wait_for_workers(self, n: int = 1) -> None:
         def ready() -> bool:
             h = httpx.get(f"{self.url}/health", timeout=2).json()
-            return len(h["workers"]) >= n
+            return (h["workers_alive"] or 0) >= n
 
         wait_until(ready, 60, f"{n} worker(s) to register", interval=0.2)
 

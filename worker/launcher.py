@@ -54,8 +54,10 @@ def spawn(slot: Slot, queue: str, redis_url: str, burst: bool) -> None:
     env = dict(os.environ)
     # A CPU worker sees no GPU at all, so it never initialises CUDA by accident.
     env["CUDA_VISIBLE_DEVICES"] = "" if slot.gpu is None else slot.gpu
+    # By environment: a URL may hold a password, and any user of the host reads command lines.
+    env["TRAINQ_REDIS_URL"] = redis_url
     cmd = [sys.executable, "-m", "worker.run", "--name", slot.name, "--queue", queue]
-    cmd += ["--redis-url", redis_url] + (["--burst"] if burst else [])
+    cmd += ["--burst"] if burst else []
     slot.proc = subprocess.Popen(cmd, env=env)
 
 

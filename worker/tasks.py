@@ -3,60 +3,77 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any
 
 from pydantic import ValidationError
 from redis import Redis
 from redis.exceptions import RedisError
 from rq import get_current_job
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from core.config import Settings
-from core.db import Database, JobStatus, UserDataset
+from core.db import Database, Job, JobStatus, UserDataset
 from core.errors import (
     DatasetNotFound,
+    InternalError,
     InvalidSpec,
     JobSuperseded,
+    OutOfMemory,
+    TrainingPreempted,
     TrainingStopped,
     TrainqError,
 )
 from core.logs import current_job
+from core.queue import VIA_API, enqueue_job
 from core.spec import JobSpec, user_dataset_id
 from core.store import (
     claim_job,
     create_job,
     dataset_data,
     end_job,
+    epoch_metrics,
     get_job,
-    heartbeat,
     latest_checkpoint,
+    preempt_job,
     save_epoch,
     save_steps,
     set_total_steps,
     succeed_job,
 )
-from core.stream import cancel_key, publish_epoch, publish_status, publish_steps
-from core.train import Callbacks, EpochMetrics, StepMetrics
+from core.stream import Publisher, epoch_entry, publish_status, status_entry, step_entries
+from core.train import Callbacks, EpochMetrics, StepMetrics, TrainResult
 from core.train import train as run_training
 from core.train.data import user_dataset_path
-from core.train.loop import RunInfo
+from core.train.loop import RunInfo, is_out_of_memory
 from core.worker_stats import publish_worker_stats
+from worker.heartbeat import Heartbeat
 
 log = logging.getLogger("trainq.worker")
 CANCEL_POLL_S = 0.25
+COMMIT_POLL_S = 0.05
 
 
-def train(spec: Any, owner: str | None = None, job_id: str | None = None) -> dict[str, Any]:
+def train(
+    spec: Any, owner: str | None = None, job_id: str | None = None, via: str | None = None
+) -> dict[str, Any]:
     """Run one training job: validate, claim, train (resuming from the last checkpoint),
     store the results. Every outcome ends in the job row; nothing is retried by RQ.
 
-    `job_id` is given only when the queue entry's id is not the job's own (a requeue)."""
+    `job_id` is given only when the queue entry's id is not the job's own (a requeue).
+    `via="api"`: the API enqueued it before committing its row (core.queue.VIA_API)."""
     rq_job = get_current_job()
     if rq_job is None:
         raise RuntimeError("worker.tasks.train runs inside an RQ worker")
@@ -64,16 +81,19 @@ def train(spec: Any, owner: str | None = None, job_id: str | None = None) -> dic
     db = Database.from_settings(settings)
     current_job.set(job_id or rq_job.id)
     try:
-        return _run(
-            job_id or rq_job.id,
-            rq_job.id,
-            spec,
-            owner,
-            settings,
-            db,
-            rq_job.connection,
-            rq_job.worker_name or "?",
-        )
+        with _Preemption() as preemption:  # SIGTERM from worker.run: hand the job back
+            return _run(
+                job_id or rq_job.id,
+                rq_job.id,
+                spec,
+                owner,
+                settings,
+                db,
+                rq_job.connection,
+                rq_job.worker_name or "?",
+                preemption,
+                via=via,
+            )
     finally:
         db.dispose()
 
@@ -87,6 +107,8 @@ def _run(
     db: Database,
     r: Redis,
     worker_name: str,
+    preemption: _Preemption,
+    via: str | None,
 ) -> dict[str, Any]:
     try:
         uuid.UUID(job_id)
@@ -94,6 +116,14 @@ def _run(
         log.error("refusing job %r: trainq job ids are UUIDs", job_id)
         return {"status": JobStatus.failed, "error": "invalid job id"}
     spec, problem = _validate(raw_spec)
+    if via == VIA_API and not _await_commit(db, job_id, settings.commit_wait_s):
+        log.warning(
+            "refusing queue entry %s: the API never committed job %s (its submission failed "
+            "and the client was told so); nothing runs",
+            queue_entry,
+            job_id,
+        )
+        return {"status": "refused", "error": "the submission of this job failed"}
     with db.session() as s:
         if get_job(s, job_id=job_id) is None:  # submitted straight to the queue
             create_job(
@@ -113,6 +143,7 @@ def _run(
         job = claim_job(s, job_id=job_id, worker=worker_name, device=device)
         checkpoint = latest_checkpoint(s, job_id=job_id) if job else None
         resume = (checkpoint.data, checkpoint.step) if checkpoint else None
+        history = _history(s, job_id) if checkpoint else []
     if job is None:
         log.info("job %s is not queued (ended, or running elsewhere); not running it", job_id)
         return {"status": "skipped"}
@@ -128,34 +159,163 @@ def _run(
             "resumed_from_step": start_step,
         },
     )
+    callbacks = sink.callbacks()
+    callbacks.should_preempt = preemption.asked
     try:
+        sink.heart.start()
         place_dataset(db, settings.data_dir, spec.dataset)
+        sink.heart.touch()
         result = run_training(
             spec,
             data_dir=settings.data_dir,
-            callbacks=sink.callbacks(),
+            callbacks=callbacks,
             resume=resume[0] if resume else None,
+            history=history,
         )
+        return _succeed(sink, result)
     except JobSuperseded as e:
         log.warning("job %s: %s; stopping this attempt", job_id, e.message)
         return {"status": "superseded"}
+    except TrainingPreempted as e:
+        return _hand_back(db, r, settings, job, sink, e)
     except TrainqError as e:
         sink.flush_history()
         return _fail(db, r, job_id, job.attempt, sink.last_step or start_step, e)
+    except Exception as e:  # not trainq's own: a retry would meet it again
+        log.exception("job %s: attempt %d met an unexpected error", job_id, job.attempt)
+        with contextlib.suppress(Exception):  # the error may be the database's own
+            sink.flush_history()
+        return _fail(db, r, job_id, job.attempt, sink.last_step or start_step, _unexpected(e))
+    finally:
+        sink.heart.stop()
+
+
+def _history(s: Session, job_id: str) -> list[EpochMetrics]:
+    """The epochs the job's earlier attempts finished (stored with their checkpoints)."""
+    names = [f.name for f in dataclasses.fields(EpochMetrics)]
+    return [
+        EpochMetrics(**{n: getattr(row, n) for n in names})
+        for row in epoch_metrics(s, job_id=job_id)
+    ]
+
+
+def _succeed(sink: _Sink, result: TrainResult) -> dict[str, Any]:
     summary = result.summary()
-    with db.session() as s:
+    with sink.db.session() as s:
         ok = succeed_job(
             s,
-            job_id=job_id,
-            attempt=job.attempt,
+            job_id=sink.job_id,
+            attempt=sink.attempt,
             result=summary,
             record=result.record,
             model=result.model,
             sha256=result.model_sha256,
         )
-    status = JobStatus.succeeded if ok else _status_of(db, job_id)
+    status = JobStatus.succeeded if ok else _status_of(sink.db, sink.job_id)
     sink.status(result.steps, {"status": status, "result": summary})
     return {"status": status, **summary}
+
+
+def _unexpected(e: Exception) -> TrainqError:
+    """What the user is told of an error that is not trainq's own; the log has the rest."""
+    if is_out_of_memory(e):  # the trainer names its own; this is outside the run
+        return OutOfMemory(
+            "the worker ran out of memory outside the training run (placing the data set or "
+            "storing the model); try a smaller data set or narrower conv/hidden widths"
+        )
+    if isinstance(e, SQLAlchemyError):
+        # A DBAPIError's text carries the statement and its parameters (a checkpoint's
+        # bytes): say only what the database said.
+        cause = e.orig if isinstance(e, DBAPIError) else e
+        what = f"a database write of this attempt failed ({type(cause).__name__}: {cause})"
+    else:
+        what = f"the worker met an unexpected error ({type(e).__name__}: {e})"
+    return InternalError(
+        f"{what[:500]}; the job is not retried, and the worker's log has the traceback"
+    )
+
+
+class _Preemption:
+    """The work horse's SIGTERM, which worker.run sends it on a warm shutdown (docker stop, a
+    spot reclaim, a node drain): the running attempt stops at its next step and hands the
+    job back. RQ sets SIGTERM to its default (death) in a fresh work horse; this handler
+    holds for the job function's run, and the one it replaced comes back after."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _Preemption:
+        if threading.current_thread() is threading.main_thread():  # signals need the main one
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        return self
+
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        _value: BaseException | None,
+        _tb: TracebackType | None,
+    ) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def _on_sigterm(self, _signum: int, _frame: FrameType | None) -> None:
+        self.requested = True
+
+    def asked(self) -> bool:
+        return self.requested
+
+
+def _hand_back(
+    db: Database, r: Redis, settings: Settings, job: Job, sink: _Sink, e: TrainingPreempted
+) -> dict[str, Any]:
+    """Preempted: the job goes back to queued with its mid-epoch checkpoint and its steps
+    (one transaction), and onto the queue at once, to resume at the next step elsewhere.
+    Should the enqueue fail, the reconciler enqueues the queued job after its grace."""
+    entry = f"{job.id}-p{job.attempt}"  # one preemption per attempt: a fresh entry id
+    with db.session() as s:
+        moved = preempt_job(
+            s,
+            job_id=job.id,
+            attempt=job.attempt,
+            epoch=e.epoch,
+            step=e.step,
+            steps=sink.unsaved,
+            checkpoint=e.checkpoint,
+            queue_entry=entry,
+        )
+    if not moved:
+        log.warning("job %s: attempt %d no longer owns it; not requeueing", job.id, job.attempt)
+        return {"status": "superseded"}
+    sink.unsaved = []
+    sink.flush_history()  # nothing left to store; the steps Redis missed go out
+    try:
+        enqueue_job(
+            r,
+            queue=settings.queue,
+            job_id=job.id,
+            spec=job.spec,
+            owner=job.owner,
+            timeout_s=settings.job_timeout_s,
+            queue_entry=entry,
+        )
+    except RedisError as re:
+        log.warning("job %s: preempted, but not enqueued (%s); the reconciler will", job.id, re)
+    log.info("job %s preempted at step %d; back on the queue as %s", job.id, e.step, entry)
+    return {"status": JobStatus.queued, "preempted_at_step": e.step}
+
+
+def _await_commit(db: Database, job_id: str, bound_s: float) -> bool:
+    """Whether the row of a job the API enqueued shows up within `bound_s`: the API commits
+    it a moment after the enqueue, or rolls it back (then it never comes)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        with db.readers() as s:
+            if get_job(s, job_id=job_id) is not None:
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(COMMIT_POLL_S)
 
 
 def place_dataset(db: Database, data_dir: Path, name: str) -> None:
@@ -210,7 +370,8 @@ def _fail(
     final = _status_of(db, job_id)
     error = {"code": e.code, "message": e.message}
     try:
-        publish_status(r, job_id, step, {"status": final, "error": error})
+        if final.terminal:  # not when a later attempt owns the job now
+            publish_status(r, job_id, step, {"status": final, "error": error}, attempt=attempt or 0)
     except RedisError as re:
         log.warning("job %s: could not publish its end: %s", job_id, re)
     log.info("job %s ended %s: %s", job_id, final, e.message)
@@ -225,8 +386,8 @@ def _status_of(db: Database, job_id: str) -> JobStatus:
 
 class _Sink:
     """Trainer callbacks -> Redis (every block of steps, one round trip) and the DB (once per
-    epoch: that epoch's steps, its metrics and its checkpoint in one transaction; and a
-    heartbeat every few seconds, written from the training loop itself).
+    epoch: that epoch's steps, its metrics and its checkpoint in one transaction); every
+    callback tells the heartbeat (worker.heartbeat) that the trainer is moving.
 
     Redis is best effort here: while it is away, points wait in memory and go out when it
     is back; the database keeps the full history either way."""
@@ -245,17 +406,20 @@ class _Sink:
         self.attempt = attempt
         self.worker = worker
         self.batch_size = batch_size
-        self.cancel_requested = False
         self.db = db
         self.r = r
-        self.maxlen = settings.metrics_maxlen
-        self.heartbeat_every = min(5.0, settings.heartbeat_timeout_s / 3)
+        self.stream = Publisher(r, job_id, attempt, settings.metrics_maxlen)
+        self.heart = Heartbeat(
+            db,
+            job_id=job_id,
+            attempt=attempt,
+            every_s=min(5.0, settings.heartbeat_timeout_s / 3),
+            stall_timeout_s=settings.stall_timeout_s,
+        )
         self.unsaved: list[StepMetrics] = []
-        self.unpublished: list[StepMetrics] = []
         self.last_step = 0
         self.pending_epoch: EpochMetrics | None = None
         self.next_cancel_check = 0.0
-        self.next_heartbeat = time.monotonic() + self.heartbeat_every
 
     def callbacks(self) -> Callbacks:
         return Callbacks(
@@ -264,13 +428,12 @@ class _Sink:
             on_epoch=self.on_epoch,
             on_checkpoint=self.on_checkpoint,
             should_stop=self.should_stop,
+            on_progress=self.heart.touch,
         )
 
     def status(self, step: int, payload: dict[str, Any]) -> None:
-        try:
-            publish_status(self.r, self.job_id, step, payload)
-        except RedisError as e:
-            log.warning("job %s: could not publish status %s: %s", self.job_id, payload, e)
+        self.stream.add([status_entry(step, payload)])
+        self.stream.flush(force=JobStatus(payload["status"]).terminal)  # the end: try anyway
 
     def on_start(self, info: RunInfo) -> None:
         with self.db.session() as s:
@@ -279,13 +442,16 @@ class _Sink:
             )
 
     def on_steps(self, points: Sequence[StepMetrics]) -> None:
+        self.heart.touch()
+        if self.heart.superseded:
+            raise JobSuperseded(f"attempt {self.attempt} of job {self.job_id} no longer owns it")
         self.unsaved.extend(points)
-        self.unpublished.extend(points)
+        self.stream.add(step_entries(points))
         self.last_step = points[-1].step
+        if not self.stream.flush():
+            return
+        last = points[-1]
         try:
-            publish_steps(self.r, self.job_id, self.unpublished, self.maxlen)
-            self.unpublished = []
-            last = points[-1]
             publish_worker_stats(
                 self.r,
                 self.worker,
@@ -299,12 +465,7 @@ class _Sink:
                 },
             )
         except RedisError as e:
-            log.warning("job %s: Redis unavailable (%s); %d steps wait", self.job_id, e,
-                        len(self.unpublished))  # fmt: skip
-        if time.monotonic() >= self.next_heartbeat:
-            with self.db.session() as s:
-                self.cancel_requested = heartbeat(s, job_id=self.job_id, attempt=self.attempt)
-            self.next_heartbeat = time.monotonic() + self.heartbeat_every
+            self.stream.failed(e)
 
     def on_epoch(self, m: EpochMetrics) -> None:
         self.pending_epoch = m  # stored with its checkpoint, which comes next
@@ -319,12 +480,9 @@ class _Sink:
                 s, job_id=self.job_id, attempt=self.attempt, epoch=m, steps=steps, checkpoint=blob
             )
         self.unsaved = [p for p in self.unsaved if p.step > m.step]
-        self.next_heartbeat = time.monotonic() + self.heartbeat_every
-        if not self.unpublished:  # keep the stream in step order
-            try:
-                publish_epoch(self.r, self.job_id, m)
-            except RedisError as e:
-                log.warning("job %s: could not publish epoch %d: %s", self.job_id, epoch, e)
+        self.heart.touch()
+        self.stream.add([epoch_entry(m)])  # after the epoch's steps, however long they wait
+        self.stream.flush()
 
     def flush_history(self) -> None:
         """A run that stops mid-epoch keeps the steps it made."""
@@ -334,21 +492,13 @@ class _Sink:
         except JobSuperseded:
             return
         self.unsaved = []
-        if self.unpublished:
-            try:
-                publish_steps(self.r, self.job_id, self.unpublished, self.maxlen)
-                self.unpublished = []
-            except RedisError:
-                pass  # the database has them
+        self.stream.flush(force=True)  # before the end; if Redis is away, the database has them
 
     def should_stop(self) -> bool:
-        if self.cancel_requested:
+        if self.heart.cancel_requested:
             return True
         now = time.monotonic()
         if now < self.next_cancel_check:
             return False
         self.next_cancel_check = now + CANCEL_POLL_S
-        try:
-            return bool(self.r.exists(cancel_key(self.job_id)))
-        except RedisError:
-            return False
+        return self.stream.cancel_requested()

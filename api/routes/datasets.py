@@ -7,16 +7,19 @@ see all."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+from functools import cache
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, HTTPException, Response, UploadFile
 from sqlalchemy.orm import Session
 
 from api.auth import Caller
-from api.deps import CallerDep, ReaderDep, SessionDep
+from api.deps import CallerDep, ReaderDep, SessionDep, SettingsDep
+from api.errors import RETRY_AFTER_S
 from api.schemas import DatasetOut, Problem
-from core.datasets import MAX_UPLOAD_BYTES, parse_upload
+from core.datasets import MAX_UPLOAD_BYTES, ParsedDataset, parse_upload
 from core.db import UserDataset, as_utc
 from core.errors import DatasetTooLarge, InvalidDataset
 from core.spec import USER_DATASET_PREFIX
@@ -29,6 +32,14 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 BODY_SLACK = 64 << 10  # multipart headers, boundaries and the name field
 DatasetId = Annotated[uuid.UUID, "a data set id"]
+
+
+@cache
+def upload_slots(limit: int) -> threading.BoundedSemaphore:
+    """The uploads this process parses at once (Settings.max_parallel_uploads): each may
+    hold a few times its decompressed size in memory, so their number is what bounds the
+    memory uploads can take."""
+    return threading.BoundedSemaphore(limit)
 
 
 def dataset_out(ds: UserDataset) -> DatasetOut:
@@ -65,13 +76,16 @@ def visible_dataset(session: Session, caller: Caller, dataset_id: str) -> UserDa
         **ERRORS,
         413: {"model": Problem, "description": "Over a size limit (bytes, images, zip bomb)."},
         422: {"description": "Not a usable data set; `detail[].msg` says why."},
+        429: {"model": Problem, "description": "Too many uploads at once: see Retry-After."},
     },
     summary="Upload a data set",
     description="Multipart: `file` (an .npz with uint8 `x_train`, `x_test` images "
     "(N,H,W), (N,H,W,C) or (N,C,H,W), C 1 or 3, and integer `y_train`, `y_test` labels; or a "
     "zip of `<class_name>/<image>.png|jpg` folders, split 80/20 per class; or a zip of the four "
     "MNIST IDX files, .gz or not) and `name`. At most 200 MiB, 200,000 images of at most "
-    '256×256, 2 to 1,000 classes. Train on it with `"dataset": "ds:<id>"`.',
+    "256×256, 2 to 1,000 classes, 1 GiB of pixels, nothing expanding over 100 times; refused "
+    "when nothing can be learnt from it (one value everywhere, one image, one class). Past "
+    'the uploads parsed at once, 429 with Retry-After. Train on it with `"dataset": "ds:<id>"`.',
 )
 def upload_dataset(
     file: Annotated[UploadFile, File(description="The .npz or .zip.")],
@@ -79,6 +93,7 @@ def upload_dataset(
     response: Response,
     session: SessionDep,
     caller: CallerDep,
+    settings: SettingsDep,
 ) -> DatasetOut:
     # A sync route: FastAPI runs it in the threadpool, so reading and parsing never block
     # the event loop. The body is already spooled (and capped by max_body_size).
@@ -86,15 +101,18 @@ def upload_dataset(
         raise HTTPException(
             413, detail=f"file is {file.size} bytes: at most {MAX_UPLOAD_BYTES} (200 MiB)"
         )
-    data = file.file.read(MAX_UPLOAD_BYTES + 1)
+    slots = upload_slots(settings.max_parallel_uploads)
+    if not slots.acquire(blocking=False):
+        raise HTTPException(
+            429,
+            detail=f"{settings.max_parallel_uploads} uploads are being checked already: "
+            "retry shortly",
+            headers={"Retry-After": RETRY_AFTER_S},
+        )
     try:
-        parsed = parse_upload(data)
-    except DatasetTooLarge as e:
-        raise HTTPException(413, detail=e.message) from e
-    except InvalidDataset as e:
-        problem = {"type": e.code, "loc": ["body", "file"], "msg": e.message}
-        raise HTTPException(422, detail=[problem]) from e
-    del data
+        parsed = _parse(file)
+    finally:
+        slots.release()
     ds = create_dataset(
         session,
         dataset_id=str(uuid.uuid4()),
@@ -110,6 +128,16 @@ def upload_dataset(
     session.commit()
     response.headers["Location"] = f"/datasets/{ds.id}"
     return dataset_out(ds)
+
+
+def _parse(file: UploadFile) -> ParsedDataset:
+    try:
+        return parse_upload(file.file.read(MAX_UPLOAD_BYTES + 1))
+    except DatasetTooLarge as e:
+        raise HTTPException(413, detail=e.message) from e
+    except InvalidDataset as e:
+        problem = {"type": e.code, "loc": ["body", "file"], "msg": e.message}
+        raise HTTPException(422, detail=[problem]) from e
 
 
 @router.get(

@@ -1,4 +1,6 @@
-"""/health: no key needed; says whether the database and Redis answer, and who works.
+"""/health: no key needed; says whether the database and Redis answer, and how many work.
+503 (with Retry-After) when either is away, so a container's or load balancer's health
+check fails. Worker names (host names) and their current jobs only to an admin key.
 
 Load balancers and every client poll it, so one process probes at most once a second
 and shares the answer (reading the workers costs RQ a Redis round trip per worker)."""
@@ -8,11 +10,14 @@ from __future__ import annotations
 import threading
 import time
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, Field
 from rq import Worker
 from rq.serializers import JSONSerializer
 from sqlalchemy import text
 
+from api.deps import OptionalCallerDep
+from api.errors import RETRY_AFTER_S
 from api.schemas import Health, WorkerOut
 from core.db import Database
 from core.queue import job_queue
@@ -20,8 +25,17 @@ from core.queue import job_queue
 router = APIRouter(tags=["health"])
 
 
+class HealthOut(BaseModel):
+    status: str = Field(description="ok, or degraded (503) when the database or Redis is away.")
+    database: bool
+    redis: bool
+    queue_depth: int | None
+    workers_alive: int | None = Field(description="Registered workers; null if Redis is away.")
+    workers: list[WorkerOut] | None = Field(description="With an admin key only.")
+
+
 class HealthCache:
-    """The last answer of one API process, at most `fresh_s` old."""
+    """The last probe of one API process, at most `fresh_s` old."""
 
     def __init__(self, fresh_s: float = 1.0) -> None:
         self.fresh_s = fresh_s
@@ -35,10 +49,26 @@ class HealthCache:
             return self._last[1]
 
 
-@router.get("/health", response_model=Health, summary="Database, Redis, queue and workers")
-def health(request: Request) -> Health:
+@router.get(
+    "/health",
+    response_model=HealthOut,
+    responses={503: {"model": HealthOut, "description": "The database or Redis is away."}},
+    summary="Database, Redis, queue and workers",
+)
+def health(request: Request, response: Response, caller: OptionalCallerDep) -> HealthOut:
     cache: HealthCache = request.app.state.health
-    return cache.get(request)
+    seen = cache.get(request)
+    if not (seen.database and seen.redis):
+        response.status_code = 503
+        response.headers["Retry-After"] = RETRY_AFTER_S
+    return HealthOut(
+        status=seen.status,
+        database=seen.database,
+        redis=seen.redis,
+        queue_depth=seen.queue_depth,
+        workers_alive=len(seen.workers) if seen.redis else None,
+        workers=seen.workers if caller is not None and caller.admin else None,
+    )
 
 
 def _probe(request: Request) -> Health:

@@ -7,6 +7,7 @@ import binascii
 import datetime as dt
 import hashlib
 import json
+import logging
 import uuid
 from typing import Annotated, Any
 
@@ -14,6 +15,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 from redis import Redis
+from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
 from api.auth import Caller
@@ -34,7 +36,9 @@ from core.store import (
     spec_hash,
     step_rows,
 )
-from core.stream import STEP, aread, cancel_key, latest_step, publish_status
+from core.stream import STEP, aread, ask_to_stop, latest_step, publish_status
+
+log = logging.getLogger("trainq.api")
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -281,13 +285,17 @@ async def get_events(
     last_event_id: Annotated[str | None, Header(max_length=64)] = None,
 ) -> StreamingResponse:
     db = request.app.state.db
-    with db.readers() as session:
-        job = visible_job(session, caller, job_id)
+    await run_read(request, _visible_status, db, caller, str(job_id))
     return StreamingResponse(
-        event_stream(request.app.state.events, db, ar, job.id, last_event_id),
+        event_stream(request.app.state.events, db, ar, str(job_id), last_event_id),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+def _visible_status(db: Database, caller: Caller, job_id: str) -> str:
+    with db.readers() as session:
+        return visible_status(session, caller, job_id)
 
 
 @router.post(
@@ -305,12 +313,24 @@ def cancel(job_id: JobId, session: SessionDep, r: RedisDep, caller: CallerDep) -
     if outcome is None:
         raise HTTPException(409, detail=f"job {job.id} already ended ({job.status})")
     session.commit()
-    if outcome is JobStatus.running:
-        r.set(cancel_key(job.id), 1, ex=7 * 24 * 3600)
-    else:
-        publish_status(r, job.id, job.progress_step, {"status": JobStatus.canceled})
     session.refresh(job)
-    return job_out(job, r)
+    # Committed, so the answer is 202 whatever Redis does now: a running attempt also reads
+    # the flag from the database with its heartbeat, and followers close on the database's
+    # word when the stream has no end.
+    try:
+        _announce_cancel(r, job, outcome)
+    except RedisError as e:
+        log.warning("job %s: canceled, but Redis was not told: %s", job.id, e)
+    return job_out(job)
+
+
+def _announce_cancel(r: Redis, job: Job, outcome: JobStatus) -> None:
+    if outcome is JobStatus.running:
+        ask_to_stop(r, job.id)
+        return
+    error = {"code": job.error_code, "message": job.error_message}
+    payload = {"status": JobStatus.canceled, "error": error}
+    publish_status(r, job.id, job.progress_step, payload, attempt=job.attempt)
 
 
 @router.api_route(
@@ -360,4 +380,7 @@ def get_record(job_id: JobId, session: ReaderDep, caller: CallerDep) -> dict[str
     job = visible_job(session, caller, job_id)
     if job.record is None:
         raise HTTPException(409, detail=f"job {job.id} is {job.status}: no run record yet")
-    return job.record
+    if caller.admin:
+        return job.record
+    # The host names one of our machines: a thing for admins, not for every key.
+    return {k: v for k, v in job.record.items() if k != "host"}

@@ -18,7 +18,9 @@ with the API: it adds seconds and hundreds of MB to a process that otherwise nev
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import math
 import threading
 import uuid
 from collections import OrderedDict
@@ -57,7 +59,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainq.api.predict")
 router = APIRouter(prefix="/jobs", tags=["predict"])
 
-MAX_IMAGES = 256  # per JSON request
+MAX_IMAGES = 256  # per JSON request, for inputs of up to 3×64×64
+MAX_JSON_VALUES = MAX_IMAGES * 3 * 64 * 64  # numbers per JSON request: larger inputs, fewer images
 MAX_FILES = 32  # per multipart request
 MAX_FILE_BYTES = 1 << 20  # per file
 MAX_SIDE = 4096  # pixels, either side of an uploaded image, checked before decoding it
@@ -68,14 +71,21 @@ MODEL_CACHE_SIZE = 8
 MAX_ERRORS = 20  # 422 details listed; a request of 256 bad images does not get 200k lines
 
 
+def json_images_allowed(shape: tuple[int, int, int]) -> int:
+    """Images per JSON request for a model of this input shape: 256, fewer past 3×64×64 (a
+    data set's images are at most 3×256×256: 16 of them)."""
+    c, h, w = shape
+    return min(MAX_IMAGES, MAX_JSON_VALUES // (c * h * w))
+
+
 def max_json_bytes(shape: tuple[int, int, int]) -> int:
     c, h, w = shape
-    return MAX_IMAGES * c * h * w * JSON_BYTES_PER_VALUE + BODY_SLACK
+    return json_images_allowed(shape) * c * h * w * JSON_BYTES_PER_VALUE + BODY_SLACK
 
 
 # What this route must be allowed to receive (the app-wide body limit must let it through);
 # the route enforces its own, tighter, limits while it reads the body, chunked or not.
-MAX_BODY_BYTES = max(MAX_MULTIPART_BYTES, max_json_bytes((1, 28, 28)))  # 32 MiB + 64 KiB
+MAX_BODY_BYTES = max(MAX_MULTIPART_BYTES, MAX_JSON_VALUES * JSON_BYTES_PER_VALUE + BODY_SLACK)
 
 
 # ---------------------------------------------------------------------------- the contract
@@ -105,7 +115,9 @@ ImageArray = Annotated[
 
 
 class PredictRequest(BaseModel):
-    """Images as numbers in [0, 1]: MNIST-style white on black unless `invert=true`."""
+    """Images as numbers in [0, 1]: MNIST-style white on black unless `invert=true`. The
+    contract, for the OpenAPI page: _images_from_json enforces it without this model, so
+    that a body's memory stays bounded by its images (and its errors by MAX_ERRORS)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -114,7 +126,8 @@ class PredictRequest(BaseModel):
         max_length=MAX_IMAGES,
         description=f"1 to {MAX_IMAGES} images, each H×W (one channel) or C×H×W, in the "
         "shape the model was trained on (the run record's `dataset.image_shape`, e.g. "
-        "1×28×28), values in [0, 1]; no NaN or Infinity.",
+        f"1×28×28), values in [0, 1]; no NaN or Infinity. At most {MAX_JSON_VALUES} numbers "
+        "in all: fewer images for inputs over 3×64×64.",
     )
 
 
@@ -166,7 +179,7 @@ class _Target:
 @router.post(
     "/{job_id}/predict",
     response_model=PredictOut,
-    max_body_size=MAX_BODY_BYTES,  # above the app's 1 MiB: up to 32 images
+    max_body_size=MAX_BODY_BYTES,  # above the app's 1 MiB: up to 32 files, 256 RGB 64×64 arrays
     responses={
         **ERRORS,
         409: {"model": Problem, "description": "The job has not succeeded (yet)."},
@@ -177,7 +190,8 @@ class _Target:
     },
     summary="Classify images with the job's model",
     description='Send JSON `{"images": [...]}` (H×W or C×H×W arrays in [0, 1], at most '
-    f"{MAX_IMAGES}) or multipart PNG/JPEG `files` (at most {MAX_FILES}, 1 MiB each). "
+    f"{MAX_IMAGES}, fewer past 3×64×64) or multipart PNG/JPEG `files` (at most {MAX_FILES}, "
+    "1 MiB each). "
     "White on black, as MNIST; `invert=true` for dark-on-light images. Returns each "
     "image's class and probabilities, and the sha256 of the model that answered.",
     openapi_extra={
@@ -282,9 +296,9 @@ class _CappedRequest(Request):
 def _json_too_large(shape: tuple[int, int, int]) -> str:
     c, h, w = shape
     return (
-        f"JSON body over {max_json_bytes(shape)} bytes ({MAX_IMAGES} images of {c}×{h}×{w} "
-        f"values at {JSON_BYTES_PER_VALUE} bytes each): send fewer images, shorter numbers, "
-        "or PNG files"
+        f"JSON body over {max_json_bytes(shape)} bytes ({json_images_allowed(shape)} images of "
+        f"{c}×{h}×{w} values at {JSON_BYTES_PER_VALUE} bytes each): send fewer images, shorter "
+        "numbers, or PNG files"
     )
 
 
@@ -380,60 +394,167 @@ def _errors(e: ValidationError) -> list[dict[str, Any]]:
 
 
 def _images_from_json(body: bytes, shape: tuple[int, int, int], invert: bool) -> torch.Tensor:
+    """`{"images": [...]}` as an (N, C, H, W) tensor, or a 422 naming the first few
+    problems. The body is counted before it is parsed, so that what it parses into is
+    bounded by what the allowed images need, and every check stops at MAX_ERRORS problems:
+    a request of 200,000 bad numbers costs no more than a good one."""
     import torch
 
+    allowed = json_images_allowed(shape)
+    _check_json_counts(body, shape, allowed)
+    images = _json_images(body, allowed, shape)
+    planes, errors = _stacked(images, shape)
+    if errors:
+        raise _invalid(errors)
+    x = torch.tensor(planes, dtype=torch.float32)
+    # NaN fails both comparisons, so it is caught with the values outside [0, 1].
+    outside = ~((x >= 0) & (x <= 1))
+    if outside.any():
+        raise _invalid(
+            [
+                _value_error(images, planes, tuple(i))
+                for i in outside.nonzero()[:MAX_ERRORS].tolist()
+            ]
+        )
+    return 1 - x if invert else x
+
+
+def _check_json_counts(body: bytes, shape: tuple[int, int, int], allowed: int) -> None:
+    """413 for a body that holds more arrays, objects or values than one image more than
+    `allowed` can (one more, so that one too many is a 422 that says so): short numbers,
+    empty arrays and deep nesting would otherwise parse into many times the images' size."""
+    c, h, w = shape
+    n = allowed + 1
+    containers = 2 + n * (1 + c + c * h)  # the object, `images`, each image, plane and row
+    values = n * c * h * w
+    if body.count(b"[") + body.count(b"{") > containers or body.count(b",") > containers + values:
+        raise HTTPException(
+            413,
+            detail=f"the JSON body holds more arrays or values than {allowed} images of "
+            f"{c}×{h}×{w} do: send fewer images, or PNG files",
+        )
+
+
+def _json_images(body: bytes, allowed: int, shape: tuple[int, int, int]) -> list[Any]:
+    """The body's `images` list, checked as PredictRequest describes it (an object with
+    that one key, a list of 1 to `allowed` images)."""
     try:
-        req = PredictRequest.model_validate_json(body)
-    except ValidationError as e:
-        raise _invalid([{**err, "loc": ("body", *err["loc"])} for err in _errors(e)]) from e
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, huge integers
+        raise _invalid([_problem("json_invalid", ("body",), f"Invalid JSON: {e}")]) from e
+    if not isinstance(doc, dict):
+        raise _invalid([_problem("model_type", ("body",), 'send an object: {"images": [...]}')])
+    errors = [
+        _problem("extra_forbidden", ("body", key), "Extra inputs are not permitted")
+        for key in doc
+        if key != "images"
+    ]
+    images = doc.get("images")
+    c, h, w = shape
+    if "images" not in doc:
+        errors.append(_problem("missing", ("body", "images"), "Field required"))
+    elif not isinstance(images, list):
+        errors.append(_problem("list_type", ("body", "images"), "Input should be a valid list"))
+    elif not 1 <= len(images) <= allowed:
+        errors.append(
+            _problem(
+                "too_short" if not images else "too_long",
+                ("body", "images"),
+                f"send 1 to {allowed} images of {c}×{h}×{w}, not {len(images)}",
+            )
+        )
+    if errors:
+        raise _invalid(errors)
+    assert isinstance(images, list)
+    return images
+
+
+def _stacked(
+    images: list[Any], shape: tuple[int, int, int]
+) -> tuple[list[list[Any]], list[dict[str, Any]]]:
+    """Each image as C planes of H rows of W numbers, and the shape problems found (at
+    most MAX_ERRORS: the walk stops there)."""
     c, h, w = shape
     want = f"this model takes {c}×{h}×{w} (C×H×W) images" + (
         f", or {h}×{w} (H×W)" if c == 1 else ""
     )
     errors: list[dict[str, Any]] = []
-    stacked: list[list[list[list[float]]]] = []
-    for i, image in enumerate(req.images):
-        planes: list[Plane]
-        if _rank(image) == "HxW":
-            planes = [image]  # type: ignore[list-item]
-            where: tuple[Any, ...] = ("body", "images", i)
-            if c != 1:
-                errors.append(_shape_error(where, f"an H×W image has one channel; {want}"))
-                continue
-        else:
-            planes = image  # type: ignore[assignment]
-            if len(planes) != c:
-                errors.append(
-                    _shape_error(("body", "images", i), f"{len(planes)} channels; {want}")
-                )
-                continue
-        problem = _plane_problem(planes, shape, i, want)
-        if problem is not None:
-            errors.append(problem)
+    stacked: list[list[Any]] = []
+    for i, image in enumerate(images):
+        planes, problem = _planes(image, shape, ("body", "images", i), want)
+        if problem is None:
+            stacked.append(planes)
             continue
-        stacked.append(planes)
-    if errors:
-        raise _invalid(errors)
-    x = torch.tensor(stacked, dtype=torch.float32)
-    return 1 - x if invert else x
+        errors.append(problem)
+        if len(errors) >= MAX_ERRORS:
+            break
+    return stacked, errors
+
+
+def _planes(
+    image: Any, shape: tuple[int, int, int], where: tuple[Any, ...], want: str
+) -> tuple[list[Any], dict[str, Any] | None]:
+    """An image as its C planes, or the first problem with its shape."""
+    c = shape[0]
+    if not isinstance(image, list):
+        return [], _problem("list_type", where, f"not an array; {want}")
+    if _rank(image) == "HxW":
+        if c != 1:
+            return [], _shape_error(where, f"an H×W image has one channel; {want}")
+        planes, places = [image], [where]
+    elif len(image) != c:
+        return [], _shape_error(where, f"{len(image)} channels; {want}")
+    else:
+        planes, places = image, [(*where, ch) for ch in range(c)]
+    for plane, place in zip(planes, places, strict=True):
+        problem = _plane_problem(plane, shape, place, want)
+        if problem is not None:
+            return [], problem
+    return planes, None
+
+
+_NUMBERS = frozenset({int, float})  # not bool: JSON true is not a pixel
 
 
 def _plane_problem(
-    planes: list[Plane], shape: tuple[int, int, int], i: int, want: str
+    plane: Any, shape: tuple[int, int, int], where: tuple[Any, ...], want: str
 ) -> dict[str, Any] | None:
     _, h, w = shape
-    for ch, plane in enumerate(planes):
-        where: tuple[Any, ...] = ("body", "images", i) + ((ch,) if len(planes) > 1 else ())
-        if len(plane) != h:
-            return _shape_error(where, f"{len(plane)} rows; {want}")
-        for r, row in enumerate(plane):
-            if len(row) != w:
-                return _shape_error((*where, r), f"{len(row)} values in this row; {want}")
+    if not isinstance(plane, list) or len(plane) != h:
+        return _shape_error(where, f"{len(plane) if isinstance(plane, list) else 0} rows; {want}")
+    for r, row in enumerate(plane):
+        if not isinstance(row, list) or len(row) != w:
+            n = len(row) if isinstance(row, list) else 0
+            return _shape_error((*where, r), f"{n} values in this row; {want}")
+        if not _NUMBERS.issuperset(map(type, row)):
+            col = next(k for k, v in enumerate(row) if type(v) not in _NUMBERS)
+            return _problem("float_type", (*where, r, col), "Input should be a valid number")
     return None
 
 
+def _value_error(
+    images: list[Any], planes: list[list[Any]], index: tuple[int, ...]
+) -> dict[str, Any]:
+    """The problem with the number at (image, channel, row, column), located as sent."""
+    n, ch, r, col = index
+    value = planes[n][ch][r][col]
+    where = ("body", "images", n, *((ch,) if _rank(images[n]) == "CxHxW" else ()), r, col)
+    if isinstance(value, float) and not math.isfinite(value):
+        return _problem("finite_number", where, "Input should be a finite number", str(value))
+    if value < 0:
+        return _problem("greater_than_equal", where, "Input should be greater than or equal to 0")
+    return _problem("less_than_equal", where, "Input should be less than or equal to 1")
+
+
+def _problem(kind: str, loc: tuple[Any, ...], msg: str, value: Any = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": kind, "loc": loc, "msg": msg}
+    if value is not None:
+        out["input"] = value
+    return out
+
+
 def _shape_error(loc: tuple[Any, ...], msg: str) -> dict[str, Any]:
-    return {"type": "shape_mismatch", "loc": loc, "msg": msg}
+    return _problem("shape_mismatch", loc, msg)
 
 
 # ---------------------------------------------------------------------------- files

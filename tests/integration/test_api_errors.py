@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import uuid
 
 import httpx
@@ -145,3 +147,83 @@ def test_prometheus_metrics(service: Service, alice_job: str) -> None:
     ):
         assert name in text, name
     assert alice_job not in text  # label values are route templates, never ids
+
+
+def _latency_series(service: Service) -> set[str]:
+    text = httpx.get(f"{service.url}/metrics", headers=auth(service.admin_key)).text
+    return set(re.findall(r"^trainq_api_request_seconds_count(\{.*\})", text, re.M))
+
+
+def test_unauthenticated_junk_does_not_grow_the_metrics(service: Service) -> None:
+    def junk(tag: str) -> None:
+        for i in range(40):
+            httpx.request(f"JUNK{tag}{i}", f"{service.url}/x{tag}{i}")
+            httpx.request("GET", f"{service.url}/nothing/{tag}/{i}")
+            httpx.request(f"BREW{tag}{i}", f"{service.url}/health")
+
+    junk("a")
+    series = _latency_series(service)
+    junk("b")
+    assert _latency_series(service) == series  # new junk, no new series
+    labels = " ".join(series)
+    assert "JUNK" not in labels and "BREW" not in labels and "nothing" not in labels
+    methods = set(re.findall(r'method="([^"]*)"', labels))
+    assert methods <= {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"}
+    assert 'method="other"' in labels and 'route="other"' in labels
+
+
+def test_no_key_is_401_before_the_body_is_parsed(service: Service) -> None:
+    for raw in (b'{"epochs": ', b"\xff\xfe", b'{"lr": NaN}'):
+        r = httpx.post(
+            f"{service.url}/jobs", content=raw, headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 401, raw
+    r = httpx.post(f"{service.url}/jobs", content=b"{", headers=auth(service.keys[0]))
+    assert r.status_code == 422  # with a key the body is read, and found wanting
+
+
+def test_an_upload_without_a_key_is_refused_before_its_body(service: Service) -> None:
+    def framed(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    chunk = b"x" * (64 << 10)  # the file's bytes, sent for as long as the server reads them
+    part = b'--b\r\nContent-Disposition: form-data; name="file"; filename="big.npz"\r\n\r\n'
+    with socket.create_connection(("127.0.0.1", service.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /datasets HTTP/1.1\r\nHost: trainq\r\n"
+            b"Content-Type: multipart/form-data; boundary=b\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + framed(part + chunk)
+        )
+        # The answer comes while the body is still open (a server that reads the body first
+        # would wait here for the rest of it).
+        assert sock.recv(4096).startswith(b"HTTP/1.1 401")
+        # And the rest is not read: the server hangs up long before 256 MiB went through.
+        with pytest.raises(OSError):
+            for _ in range((256 << 20) // len(chunk)):
+                sock.sendall(framed(chunk))
+
+
+def test_public_pages_need_no_key_and_load_nothing_from_outside(service: Service) -> None:
+    for path in ("/", "/static/app.js", "/openapi.json", "/docs", "/redoc"):
+        assert httpx.get(f"{service.url}{path}").status_code == 200, path
+    for page in ("/docs", "/redoc"):
+        html = httpx.get(f"{service.url}{page}").text
+        assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html)
+        assert assets, page
+        for url in assets:
+            assert url.startswith("/"), (page, url)  # this origin, no CDN
+            assert httpx.get(f"{service.url}{url}").status_code == 200, url
+
+
+def test_health_names_workers_only_to_admins(service: Service) -> None:
+    admin = httpx.get(f"{service.url}/health", headers=auth(service.admin_key)).json()
+    names = [w["name"] for w in admin["workers"]]
+    assert names and admin["workers_alive"] == len(names)
+    for headers in ({}, auth(service.keys[0])):
+        r = httpx.get(f"{service.url}/health", headers=headers)
+        assert r.status_code == 200
+        body = r.json()
+        assert body["status"] == "ok" and body["workers_alive"] == len(names)
+        assert body["workers"] is None
+        for name in names:
+            assert name not in r.text

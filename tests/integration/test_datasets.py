@@ -3,9 +3,16 @@ job on it, predict with its model; tenancy and refusals. SQLite and PostgreSQL."
 
 from __future__ import annotations
 
+import gzip
 import io
+import os
+import struct
+import subprocess
+import sys
 import uuid
+import zipfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +23,9 @@ import torch
 from PIL import Image
 
 from core.datasets import MAX_UPLOAD_BYTES
-from core.train.data import load_dataset
-from tests.service import Service, wait_until
+from core.train.data import IDX_FILES, load_dataset
+from tests.memory import peak_growth_mib
+from tests.service import REPO, RedisServer, Service, wait_until
 
 N_TRAIN, N_TEST = 600, 200
 TIMEOUT = 120  # the first prediction imports torch into the API process
@@ -35,6 +43,41 @@ def upload(service: Service, blob: bytes, key: str | None = None, **data: str) -
         data={"name": "rgb digits", **data},
         timeout=60,
     )
+
+
+def npz(**arrays: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def trained(service: Service, spec: dict[str, Any]) -> dict[str, Any]:
+    c = service.client()
+    job = c.submit(spec)
+    status = wait_until(
+        lambda: (s := c.job(job["id"])["status"]) in ("succeeded", "failed", "canceled") and s,
+        180,
+        "the job to train",
+        interval=0.2,
+    )
+    done = c.job(job["id"])
+    assert status == "succeeded", done
+    return done
+
+
+@pytest.fixture(scope="module")
+def service(
+    service_data_dir: Path, database_url: str, redis_server: RedisServer
+) -> Iterator[Service]:
+    """One upload parsed at a time, so that test_uploads_past_the_limit_are_429 can fill it."""
+    svc = Service(
+        data_dir=service_data_dir,
+        database_url=database_url,
+        redis=redis_server,
+        extra_env={"TRAINQ_MAX_PARALLEL_UPLOADS": "1"},
+    )
+    yield svc.up(workers=1)
+    svc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +98,7 @@ def rgb_digits(data_dir: Path) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def dataset(service: Service, rgb_digits: dict[str, np.ndarray]) -> dict[str, Any]:
-    buf = io.BytesIO()
-    d = rgb_digits  # ~1.9 MB as an .npz: over the app's 1 MiB body limit
-    np.savez(
-        buf, x_train=d["x_train"], y_train=d["y_train"], x_test=d["x_test"], y_test=d["y_test"]
-    )
-    r = upload(service, buf.getvalue())
+    r = upload(service, npz(**rgb_digits))  # ~1.9 MB: over the app's 1 MiB body limit
     assert r.status_code == 201, r.text
     out: dict[str, Any] = r.json()
     assert r.headers["location"] == f"/datasets/{out['id']}"
@@ -69,17 +107,19 @@ def dataset(service: Service, rgb_digits: dict[str, np.ndarray]) -> dict[str, An
 
 @pytest.fixture(scope="module")
 def job(service: Service, dataset: dict[str, Any]) -> dict[str, Any]:
-    c = service.client()
-    job = c.submit({"dataset": dataset["dataset"], "epochs": 2, "batch_size": 64})
-    status = wait_until(
-        lambda: (s := c.job(job["id"])["status"]) in ("succeeded", "failed", "canceled") and s,
-        180,
-        "the job to train",
-        interval=0.2,
-    )
-    done = c.job(job["id"])
-    assert status == "succeeded", done
-    return done
+    return trained(service, {"dataset": dataset["dataset"], "epochs": 2, "batch_size": 64})
+
+
+@pytest.fixture(scope="module")
+def rgb64_digits(rgb_digits: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The same real digits, scaled up to 3×64×64: 256 of them are 3,145,728 numbers, the
+    most one JSON request may carry."""
+    out = dict(rgb_digits)
+    for key in ("x_train", "x_test"):
+        x = torch.from_numpy(rgb_digits[key]).float()
+        big = torch.nn.functional.interpolate(x, size=(64, 64), mode="bilinear")
+        out[key] = big.round().clamp(0, 255).to(torch.uint8).numpy()
+    return out
 
 
 def test_upload_describes_the_set(dataset: dict[str, Any]) -> None:
@@ -168,7 +208,13 @@ def test_bad_uploads_are_refused_naming_the_problem(service: Service) -> None:
     pickled = io.BytesIO()
     x = np.empty(4, dtype=object)
     np.savez(pickled, x_train=x, y_train=np.arange(4), x_test=x, y_test=np.arange(4))
-    for blob, words in [(pickled.getvalue(), "pickled"), (b"plain text", "not an .npz or .zip")]:
+    blank = np.zeros((8, 8, 8), np.uint8)
+    constant = npz(x_train=blank, y_train=np.arange(8) % 2, x_test=blank, y_test=np.arange(8) % 2)
+    for blob, words in [
+        (pickled.getvalue(), "pickled"),
+        (b"plain text", "not an .npz or .zip"),
+        (constant, "a standard deviation of 0"),
+    ]:
         r = upload(service, blob)
         assert r.status_code == 422, r.text
         (problem,) = r.json()["detail"]
@@ -180,6 +226,103 @@ def test_bad_uploads_are_refused_naming_the_problem(service: Service) -> None:
         timeout=30,
     )
     assert r.status_code == 422 and ["body", "name"] in [e["loc"] for e in r.json()["detail"]]
+
+
+def fixed_width_json(images: torch.Tensor) -> bytes:
+    """`{"images": [...]}` with every number printed to nine decimals, as a client that
+    writes fixed-width numbers sends it: 12 bytes a number."""
+
+    def nested(x: torch.Tensor) -> str:
+        if x.dim() == 1:
+            return "[" + ",".join(map("{:.9f}".format, x.tolist())) + "]"
+        return "[" + ",".join(nested(part) for part in x) + "]"
+
+    return f'{{"images": {nested(images)}}}'.encode()
+
+
+def test_a_3x64x64_model_takes_256_json_images_and_downloads_with_check(
+    service: Service, rgb64_digits: dict[str, np.ndarray], tmp_path: Path
+) -> None:
+    r = upload(service, npz(**rgb64_digits))
+    assert r.status_code == 201, r.text
+    assert r.json()["image_shape"] == [3, 64, 64]
+    job = trained(service, {"dataset": r.json()["dataset"], "epochs": 1, "batch_size": 64})
+
+    held_out = torch.from_numpy(rgb64_digits["x_test"])
+    images = torch.cat([held_out, torch.from_numpy(rgb64_digits["x_train"][:56])]).float() / 255
+    body = fixed_width_json(images)
+    assert len(body) > 33 << 20  # 36 MiB: more than the route once let through for any model
+    r = httpx.post(
+        f"{service.url}/jobs/{job['id']}/predict",
+        headers={**auth(service.keys[0]), "Content-Type": "application/json"},
+        content=body,
+        timeout=TIMEOUT,
+    )
+    assert r.status_code == 200, r.text[:500]
+    predictions = r.json()["predictions"]
+    assert len(predictions) == 256 and all(len(p["probabilities"]) == 10 for p in predictions)
+    classes = torch.tensor([p["class"] for p in predictions[:N_TEST]])
+    assert (classes == torch.from_numpy(rgb64_digits["y_test"])).float().mean() > 0.2
+
+    out = tmp_path / "model.pt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINQ_")}
+    env.update(TRAINQ_API_URL=service.url, TRAINQ_API_KEY=service.keys[0])
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "download", job["id"], "-o", str(out), "--check"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "3×64×64 images in, logits shape (1, 10)" in done.stderr
+
+
+def idx_gzip_bomb(data_dir: Path) -> bytes:
+    """The four real mnist-sample IDX files, zipped, but for train-images.gz: an honest
+    header (170,000 digits of 28×28, 133 MB) over zeros, ~130 KiB of gzip."""
+    raw = data_dir / "mnist-sample" / "MNIST" / "raw"
+    n = 170_000
+    header = bytes([0, 0, 0x08, 3]) + struct.pack(">3I", n, 28, 28)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in IDX_FILES[1:]:
+            zf.writestr(f"mnist/{name}", (raw / name).read_bytes())
+        bomb = gzip.compress(header + bytes(n * 28 * 28), compresslevel=9)
+        zf.writestr(f"mnist/{IDX_FILES[0]}.gz", bomb)
+    return buf.getvalue()
+
+
+def test_a_gzip_bomb_is_413_and_costs_the_api_little_memory(
+    service: Service, data_dir: Path
+) -> None:
+    assert service.api is not None
+    blob = idx_gzip_bomb(data_dir)
+    assert len(blob) < 400 << 10
+    r, growth = peak_growth_mib(service.api.pid, lambda: upload(service, blob))
+    assert growth < 48, f"a {len(blob)}-byte upload raised the API's peak RSS by {growth} MiB"
+    assert r.status_code == 413, r.text
+    assert "expands" in r.json()["detail"] and "train-images" in r.json()["detail"]
+
+
+def test_uploads_past_the_limit_are_429(service: Service) -> None:
+    """Four uploads at once against one slot: each takes a second or more to check (noise
+    images, 31 MB, that do not compress), so at least one finds the slot taken."""
+    rng = np.random.default_rng(0)
+    noise = npz(
+        x_train=rng.integers(0, 256, (36_000, 28, 28), dtype=np.uint8),
+        y_train=rng.integers(0, 10, 36_000),
+        x_test=rng.integers(0, 256, (4_000, 28, 28), dtype=np.uint8),
+        y_test=rng.integers(0, 10, 4_000),
+    )
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: upload(service, noise), range(4)))
+    codes = sorted(r.status_code for r in answers)
+    assert 429 in codes and set(codes) <= {201, 429}, [r.text[:200] for r in answers]
+    busy = next(r for r in answers if r.status_code == 429)
+    assert busy.headers["retry-after"] == "5" and "retry shortly" in busy.json()["detail"]
+    assert upload(service, noise).status_code == 201  # the slot is free again
 
 
 def test_an_upload_over_200_mib_is_413(service: Service) -> None:

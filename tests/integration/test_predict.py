@@ -10,6 +10,7 @@ import struct
 import uuid
 import zlib
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from sqlalchemy import update
 from api.routes.predict import ImageRejected, ModelCache, decode_image
 from core.db import Artifact, Database
 from core.train.data import load_dataset
+from tests.memory import peak_growth_mib
 from tests.service import Service, wait_until
 
 N_DIGITS = 100
@@ -275,6 +277,34 @@ def test_size_limits_are_413(service: Service, job_id: str) -> None:
     r = predict(service, job_id, content=chunked(), headers={"Content-Type": "application/json"})
     assert r.status_code == 413, r.text
     assert "JSON body over" in r.json()["detail"]
+
+
+def test_json_bodies_cost_no_more_memory_than_the_images_they_may_hold(
+    service: Service, job_id: str
+) -> None:
+    """Bodies under the byte cap that would parse into far more objects than 256 images of
+    1×28×28 (short numbers, empty arrays, 200,000 numbers out of range): 413 or a short
+    422, and the API's peak memory stays near the body's size."""
+    assert service.api is not None
+    assert predict(service, job_id, json=zeros(1)).status_code == 200  # torch and model loaded
+    cap = 256 * 28 * 28 * 24  # JSON_BYTES_PER_VALUE
+    one_row = b'{"images": [[[' + b",".join([b"0"] * (cap // 2 - 20)) + b"]]]}"
+    empty_rows = b'{"images": [[' + b",".join([b"[]"] * (cap // 3 - 20)) + b"]]}"
+    for body in (one_row, empty_rows):
+        send = partial(
+            predict, service, job_id, content=body, headers={"Content-Type": "application/json"}
+        )
+        r, growth = peak_growth_mib(service.api.pid, send)
+        assert growth < 40, f"{growth} MiB for a {len(body)}-byte body"
+        assert r.status_code == 413, r.text
+        assert "256 images of 1×28×28" in r.json()["detail"]
+
+    too_bright = {"images": [[[2] * 28 for _ in range(28)] for _ in range(256)]}
+    r, growth = peak_growth_mib(service.api.pid, lambda: predict(service, job_id, json=too_bright))
+    assert growth < 40, f"{growth} MiB for 200,704 values out of range"
+    errors = detail(r)
+    assert len(errors) == 20 and errors[0]["loc"] == ["body", "images", 0, 0, 0]
+    assert {e["type"] for e in errors} == {"less_than_equal"}
 
 
 def test_wrong_media_type_is_415(service: Service, job_id: str) -> None:

@@ -3,12 +3,13 @@ is run again replaces what was stored, never duplicates it."""
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from core.db import Database, JobStatus
+from core.db import Database, JobStatus, utcnow
 from core.errors import JobSuperseded
 from core.migrate import upgrade
 from core.spec import JobSpec
@@ -88,9 +89,14 @@ def test_a_requeued_jobs_old_attempt_is_fenced_off(db: Database) -> None:
     job_id = new_job(db)
     with db.session() as s:
         claim_job(s, job_id=job_id, worker="w1", device="cpu")
+    silent = utcnow() + dt.timedelta(seconds=1)  # every beat so far is old enough
     with db.session() as s:
-        assert requeue_job(s, job_id=job_id, attempt=1, queue_entry=f"{job_id}-a2")
-        assert not requeue_job(s, job_id=job_id, attempt=1, queue_entry="again")  # one winner
+        assert requeue_job(
+            s, job_id=job_id, attempt=1, queue_entry=f"{job_id}-a2", silent_since=silent
+        )
+        assert not requeue_job(  # one winner
+            s, job_id=job_id, attempt=1, queue_entry="again", silent_since=silent
+        )
     with db.session() as s:
         job = claim_job(s, job_id=job_id, worker="w2", device="cpu")
         assert job is not None and job.attempt == 2

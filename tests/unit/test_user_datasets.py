@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import re
+import struct
 import uuid
 import zipfile
 from pathlib import Path
@@ -301,3 +302,74 @@ def test_trainer_on_an_rgb_non_square_set(data_path: str, tmp_path: Path) -> Non
     model = load_torchscript(result.model)
     logits = model(torch.rand(4, 3, 20, 12))
     assert logits.shape == (4, 5)
+
+
+def idx_header(*dims: int) -> bytes:
+    return bytes([0, 0, 0x08, len(dims)]) + struct.pack(f">{len(dims)}I", *dims)
+
+
+def idx_zip(data_dir: Path, **replace: bytes) -> bytes:
+    """The four real mnist-sample IDX files, with some replaced (by their IDX_FILES name)."""
+    raw = data_dir / "mnist-sample" / "MNIST" / "raw"
+    members = {f"mnist/{f}": (raw / f).read_bytes() for f in IDX_FILES}
+    for name, blob in replace.items():
+        del members[f"mnist/{name.removesuffix('.gz')}"]
+        members[f"mnist/{name}"] = blob
+    return zip_bytes(members, zipfile.ZIP_STORED)
+
+
+def test_a_gzipped_idx_bomb_is_refused_before_it_is_inflated(data_dir: Path) -> None:
+    # An honest-looking header (170,000 digits, 133 MB) over zeros: ~130 KiB of gzip.
+    n = 170_000
+    bomb = gzip.compress(idx_header(n, 28, 28) + bytes(n * 28 * 28), compresslevel=9)
+    assert len(bomb) < 200 << 10
+    with pytest.raises(DatasetTooLarge, match=r"expands \d+ times: at most 100"):
+        parse_upload(idx_zip(data_dir, **{"train-images-idx3-ubyte.gz": bomb}))
+
+
+def test_a_gzipped_idx_is_never_inflated_past_its_header(data_dir: Path) -> None:
+    # The header promises 10 digits; 64 MiB more follow. Reading stops one byte past the 10.
+    lying = gzip.compress(idx_header(10, 28, 28) + bytes(64 << 20), compresslevel=9)
+    with pytest.raises(InvalidDataset, match=r"\(7840 bytes\), the file holds more"):
+        parse_upload(idx_zip(data_dir, **{"train-images-idx3-ubyte.gz": lying}))
+
+
+@pytest.mark.parametrize(
+    ("name", "dims", "error", "match"),
+    [
+        ("train-images-idx3-ubyte.gz", (200_001, 28, 28), DatasetTooLarge, "200001 images"),
+        ("train-images-idx3-ubyte.gz", (10, 28, 300), InvalidDataset, "28×300: each side"),
+        ("train-images-idx3-ubyte.gz", (10, 784), InvalidDataset, "must be .N, H, W."),
+        ("train-labels-idx1-ubyte.gz", (10, 2), InvalidDataset, "one-dimensional"),
+        ("train-images-idx3-ubyte", (20_000, 256, 256), DatasetTooLarge, "over 1073741824"),
+    ],
+)
+def test_idx_headers_are_checked_before_the_data_is_read(
+    name: str, dims: tuple[int, ...], error: type[Exception], match: str, data_dir: Path
+) -> None:
+    """A header alone, with no data after it: refused from the header."""
+    blob = gzip.compress(idx_header(*dims)) if name.endswith(".gz") else idx_header(*dims)
+    with pytest.raises(error, match=match):
+        parse_upload(idx_zip(data_dir, **{name: blob}))
+
+
+def test_a_folder_zip_of_tiny_files_with_many_pixels_is_refused() -> None:
+    # 256×256 black PNGs are ~300 bytes each: 2 MiB of pixels from a few KiB.
+    blank = image("L", (256, 256), 0)
+    members = {f"{k}/{i}.png": blank for k in "ab" for i in range(16)}
+    with pytest.raises(DatasetTooLarge, match=r"32 images of 1×256×256 pixels expands \d+ times"):
+        parse_upload(zip_bytes(members))
+
+
+def test_sets_with_nothing_to_learn_are_refused() -> None:
+    rng = np.random.default_rng(0)
+    y_train, y_test = np.arange(40) % 4, np.arange(8) % 4
+    x_test = rng.integers(0, 256, (8, 8, 8), dtype=np.uint8)
+    one = rng.integers(0, 256, (8, 8), dtype=np.uint8)
+    for x_train, y, match in [
+        (np.full((40, 8, 8), 7, np.uint8), y_train, "every pixel of every x_train image is 7"),
+        (np.stack([one] * 40), y_train, "all 40 x_train images are the same image"),
+        (rng.integers(0, 256, (40, 8, 8), dtype=np.uint8), np.full(40, 3), "label is 3"),
+    ]:
+        with pytest.raises(InvalidDataset, match=match):
+            parse_upload(npz_bytes(x_train=x_train, y_train=y, x_test=x_test, y_test=y_test))

@@ -1,0 +1,281 @@
+"""Every follower's event stream closes when its job ends, whoever ended it, and never
+skips a step it could still get: real API, workers, reconciler and redis-server.
+
+Timings are shortened as in the fault suite: a job is lost after 4 s without a heartbeat,
+and workers reconcile every second."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis import Redis
+
+from core.client import Client
+from core.stream import stream_key
+from tests.service import RedisServer, Service, kill_group, wait_until
+from tests.wire import WireProxy
+
+FAST_RECOVERY = {
+    "TRAINQ_HEARTBEAT_TIMEOUT_S": "4",
+    "TRAINQ_RECONCILE_INTERVAL_S": "1",
+    "TRAINQ_QUEUE_GRACE_S": "2",
+}
+SPEC = {"epochs": 3, "batch_size": 128, "seed": 5}  # 32 steps an epoch
+STEPS = 3 * 32
+FOLLOW_BOUND_S = 240.0  # the whole follow, however slow the machine
+CLOSE_BOUND_S = 20.0  # from the job's end in the database to the follower's last event
+ENDED_TTL_S = 24 * 3600
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory, service_data_dir: Path) -> Iterator[Service]:
+    """One API over SQLite; each test starts (and stops) the workers it needs."""
+    root = tmp_path_factory.mktemp("events")
+    redis = RedisServer(root / "redis")
+    redis.start()
+    service = Service(
+        data_dir=service_data_dir,
+        database_url=f"sqlite:///{root / 'trainq.db'}",
+        redis=redis,
+        extra_env=FAST_RECOVERY,
+        log_dir=root,
+    )
+    service.migrate()
+    service.start_api()
+    yield service
+    service.stop()
+    redis.kill()
+
+
+@pytest.fixture
+def pool(svc: Service) -> Iterator[ThreadPoolExecutor]:
+    executor = ThreadPoolExecutor(4)
+    yield executor
+    svc.stop_workers()
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
+def follow(svc: Service, job_id: str, last_event_id: str | None = None) -> list[dict[str, Any]]:
+    """Every event until the server closes the stream; fails if it is still open after
+    FOLLOW_BOUND_S (keep-alives do not count)."""
+    headers = {"Authorization": f"Bearer {svc.keys[0]}"}
+    if last_event_id:
+        headers["Last-Event-ID"] = last_event_id
+    deadline = time.monotonic() + FOLLOW_BOUND_S
+    events: list[dict[str, Any]] = []
+    event: dict[str, str] = {}
+    url = f"{svc.url}/jobs/{job_id}/events"
+    with httpx.stream("GET", url, headers=headers, timeout=httpx.Timeout(30)) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the stream of job {job_id} is still open: {events[-3:]}")
+            if line.startswith(":"):
+                continue
+            if line:
+                name, _, value = line.partition(":")
+                event[name] = value.removeprefix(" ")
+            elif event:
+                events.append({**event, "data": json.loads(event["data"])})
+                event = {}
+    return events
+
+
+def assert_every_step_once(events: list[dict[str, Any]], last: int) -> None:
+    """Steps 1..last in order, each once, except ranges named by a gap event."""
+    want = 1
+    for e in events:
+        if e["event"] == "step":
+            assert e["data"]["step"] == want, (e["id"], want)
+            want += 1
+        elif e["event"] == "gap":
+            assert e["data"]["from"] == want and e["data"]["to"] >= want, (e, want)
+            want = e["data"]["to"] + 1
+    assert want == last + 1, (want, last)
+
+
+def kinds(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e["data"] for e in events if e["event"] == kind]
+
+
+def last_status(events: list[dict[str, Any]]) -> str:
+    assert events and events[-1]["event"] == "status", events[-3:]
+    return str(events[-1]["data"]["status"])
+
+
+def end_step(events: list[dict[str, Any]]) -> int:
+    return int(events[-1]["id"].split("-")[0])
+
+
+def job_now(c: Client, job_id: str) -> dict[str, Any]:
+    return c.job(job_id)
+
+
+def wait_step(c: Client, job_id: str, step: int) -> None:
+    wait_until(lambda: job_now(c, job_id)["progress"]["step"] >= step, 120, f"step {step}", 0.1)
+
+
+def wait_status(c: Client, job_id: str, status: str) -> None:
+    wait_until(lambda: job_now(c, job_id)["status"] == status, 120, f"job {status}", 0.2)
+
+
+def assert_keys_expire(r: Redis, job_id: str) -> None:
+    keys = r.keys(f"trainq:job:{job_id}:*")
+    assert keys
+    for key in keys:
+        assert 0 < r.ttl(key) <= ENDED_TTL_S, key
+
+
+def test_a_job_ended_by_the_reconciler_closes_its_followers(
+    svc: Service, pool: ThreadPoolExecutor
+) -> None:
+    c = svc.client()
+    worker = svc.start_worker()
+    svc.wait_for_workers(1)
+    job = c.submit(SPEC | {"max_restarts": 0, "epochs": 20})["id"]
+    live = pool.submit(follow, svc, job)
+    wait_step(c, job, 32 + 10)  # after epoch 1's checkpoint: later steps only in Redis
+    kill_group(worker)
+    svc.start_worker()  # its launcher reconciles
+    wait_status(c, job, "failed")
+    events = live.result(timeout=CLOSE_BOUND_S)
+    assert last_status(events) == "failed"
+    assert events[-1]["data"]["error"]["code"] == "worker_lost"
+    assert_every_step_once(events, end_step(events))
+    assert not kinds(events, "gap")
+    r = svc.redis.client()
+    assert_keys_expire(r, job)
+
+    # Redis loses the steps that only it had: a new follower is told they are gone.
+    r.xtrim(stream_key(job), maxlen=3, approximate=False)
+    again = pool.submit(follow, svc, job).result(timeout=CLOSE_BOUND_S)
+    assert last_status(again) == "failed"
+    assert_every_step_once(again, end_step(events))
+    [gap] = kinds(again, "gap")
+    assert gap["from"] == 33 and gap["to"] == end_step(events) - 2
+    assert [e["epoch"] for e in kinds(again, "epoch")] == [1]
+
+
+def test_cancel_of_a_requeued_job_answers_202_and_closes_its_followers(
+    svc: Service, pool: ThreadPoolExecutor
+) -> None:
+    c = svc.client()
+    first = svc.start_worker()
+    svc.wait_for_workers(1)
+    job = c.submit(SPEC | {"epochs": 20})["id"]
+    live = pool.submit(follow, svc, job)
+    wait_step(c, job, 32 + 10)
+    busy = c.submit(SPEC | {"epochs": 50})["id"]  # the next worker's, so `job` stays queued
+    try:
+        kill_group(first)
+        svc.start_worker()
+        wait_until(lambda: job_now(c, job)["status"] == "queued", 60, "the job to be requeued")
+        resp = httpx.post(
+            f"{svc.url}/jobs/{job}/cancel", headers={"Authorization": f"Bearer {svc.keys[0]}"}
+        )
+    finally:
+        c.cancel(busy)
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["status"] == "canceled"
+    events = live.result(timeout=CLOSE_BOUND_S)
+    assert last_status(events) == "canceled"
+    assert_every_step_once(events, end_step(events))
+    assert_keys_expire(svc.redis.client(), job)
+    wait_status(c, busy, "canceled")
+
+
+def test_followers_across_a_stream_that_lost_entries_see_every_step_once(
+    svc: Service, pool: ThreadPoolExecutor
+) -> None:
+    c = svc.client()
+    svc.start_worker()
+    svc.wait_for_workers(1)
+    job = c.submit(SPEC)["id"]
+    r = svc.redis.client()
+    followers: list[Future[list[dict[str, Any]]]] = [pool.submit(follow, svc, job)]
+    wait_step(c, job, 10)
+    r.delete(stream_key(job))  # mid epoch 1: its steps so far are nowhere but in memory
+    wait_step(c, job, 14)
+    followers.append(pool.submit(follow, svc, job))  # joins with steps 1..10 gone from Redis
+    wait_step(c, job, 32 + 14)
+    r.xtrim(stream_key(job), maxlen=5, approximate=False)  # mid epoch 2
+    followers.append(pool.submit(follow, svc, job))
+    wait_status(c, job, "succeeded")
+    for f in followers:
+        events = f.result(timeout=CLOSE_BOUND_S)
+        assert last_status(events) == "succeeded"
+        assert_every_step_once(events, STEPS)
+        assert not kinds(events, "gap")  # the database had every one
+        assert [e["epoch"] for e in kinds(events, "epoch")] == [1, 2, 3]
+
+
+@pytest.fixture
+def proxied(svc: Service) -> Iterator[tuple[Service, WireProxy]]:
+    """Workers that reach Redis through a WireProxy (the API reaches it directly)."""
+    proxy = WireProxy(svc.redis.port).start()
+    via = Service(
+        data_dir=svc.data_dir,
+        database_url=svc.database_url,
+        redis=svc.redis,
+        queue=svc.queue,
+        port=svc.port,
+        extra_env=FAST_RECOVERY | {"TRAINQ_REDIS_URL": proxy.url},
+        log_dir=svc.log_dir,
+    )
+    yield via, proxy
+    via.stop_workers()
+    proxy.close()
+
+
+def test_epoch_events_survive_a_lost_reply_and_an_outage_at_an_epochs_end(
+    svc: Service, proxied: tuple[Service, WireProxy], pool: ThreadPoolExecutor
+) -> None:
+    via, proxy = proxied
+    c = svc.client()
+    via.start_worker()
+    svc.wait_for_workers(1)
+    job = c.submit(SPEC)["id"]
+    live = pool.submit(follow, svc, job)
+    wait_step(c, job, 3)
+    proxy.drop_reply(b":events")  # a block of steps lands, its reply is lost
+    wait_until(lambda: proxy.dropped == 1, 60, "a reply to be dropped")
+    wait_step(c, job, 24)
+    port = proxy.port
+    proxy.close()  # Redis away (refused) across the end of epoch 1
+    try:
+        wait_until(lambda: job_now(c, job)["progress"]["epoch"] >= 1, 60, "epoch 1 to end")
+    finally:
+        back = WireProxy(svc.redis.port, port=port).start()
+    try:
+        wait_status(c, job, "succeeded")
+        events = live.result(timeout=CLOSE_BOUND_S)
+    finally:
+        back.close()
+    assert last_status(events) == "succeeded"
+    assert_every_step_once(events, STEPS)
+    assert [e["epoch"] for e in kinds(events, "epoch")] == [1, 2, 3]
+
+
+def test_a_refused_redis_command_is_503_and_leaves_no_job(svc: Service) -> None:
+    c = svc.client()
+    before = len(list(c.jobs()))
+    r = svc.redis.client()
+    r.config_set("maxmemory", "1")  # every write is refused: OOM, not a lost connection
+    try:
+        resp = httpx.post(
+            f"{svc.url}/jobs",
+            json={"epochs": 1, "max_steps": 2},
+            headers={"Authorization": f"Bearer {svc.keys[0]}"},
+        )
+    finally:
+        r.config_set("maxmemory", "0")
+    assert resp.status_code == 503, resp.text
+    assert resp.headers["retry-after"]
+    assert len(list(c.jobs())) == before

@@ -1,0 +1,92 @@
+"""The heartbeat of a running attempt: a thread in the work horse that writes the job row's
+`heartbeat_at` every few seconds for as long as the trainer makes progress.
+
+Beating from a thread rather than from the step blocks keeps an attempt alive through the
+phases that make no steps (placing a large data set, a first compiled step, evaluation,
+export), however long each takes. The trainer still decides whether it lives: every step
+block and every piece of step-free work calls `touch`, and once nothing has touched it for
+`stall_timeout_s` the thread stops beating, so that the reconciler declares a hung attempt
+lost (within stall_timeout_s + heartbeat_timeout_s + reconcile_interval_s). A stopped
+process (SIGSTOP, a dead host) stops its thread with it."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+
+from core.db import Database
+from core.errors import JobSuperseded
+from core.store import heartbeat
+
+log = logging.getLogger("trainq.worker")
+
+
+class Heartbeat:
+    """Beats for one attempt between `start` and `stop`. The main thread reads
+    `cancel_requested` (the database's word, for when Redis is away) and `superseded` (the
+    attempt no longer owns the job: stop it)."""
+
+    def __init__(
+        self, db: Database, *, job_id: str, attempt: int, every_s: float, stall_timeout_s: float
+    ) -> None:
+        self.db = db
+        self.job_id = job_id
+        self.attempt = attempt
+        self.every_s = every_s
+        self.stall_timeout_s = stall_timeout_s
+        self.cancel_requested = False
+        self.superseded = False
+        self.progress_at = time.monotonic()
+        self._stopping = threading.Event()
+        # A copy of the caller's context: log lines from the thread carry the job id too.
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(
+            target=context.run, args=(self._beat_until_stopped,), name="heartbeat", daemon=True
+        )
+
+    def touch(self) -> None:
+        """The trainer made progress (a plain store: cheap enough for every step block)."""
+        self.progress_at = time.monotonic()
+
+    def start(self) -> None:
+        self.touch()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _beat_until_stopped(self) -> None:
+        stalled = False
+        while not self._stopping.wait(self.every_s):
+            idle = time.monotonic() - self.progress_at
+            if idle > self.stall_timeout_s:
+                if not stalled:
+                    log.error(
+                        "job %s: attempt %d made no progress for %.0f s; it stops beating, so "
+                        "it will be declared lost",
+                        self.job_id, self.attempt, idle,
+                    )  # fmt: skip
+                stalled = True
+                continue
+            stalled = False
+            if not self.beat():
+                return
+
+    def beat(self) -> bool:
+        """One heartbeat; False once the attempt no longer owns the job. A beat that fails
+        (SQLite locked past its busy timeout, the database briefly away) is skipped: the
+        next one tries again, well within the heartbeat timeout."""
+        try:
+            with self.db.session() as s:
+                if heartbeat(s, job_id=self.job_id, attempt=self.attempt):
+                    self.cancel_requested = True
+        except JobSuperseded:
+            self.superseded = True
+            return False
+        except Exception as e:  # the thread must outlive any one failed write
+            log.warning("job %s: heartbeat skipped (%s); trying again", self.job_id, e)
+        return True
