@@ -56,7 +56,7 @@ def streaming_cost(data_dir: Path, redis: RedisServer, rounds: int) -> dict[str,
     on, off = [], []
     for _ in range(rounds):
         job = str(uuid.uuid4())
-        cb = Callbacks(on_steps=lambda pts, j=job: publish_steps(r, j, pts, 200_000))
+        cb = Callbacks(on_steps=lambda pts, j=job: publish_steps(r, j, pts, 200_000, attempt=1))
         on.append(train(spec, data_dir=data_dir, callbacks=cb).images_per_second)
         off.append(train(spec, data_dir=data_dir).images_per_second)
     r.close()
