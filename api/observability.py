@@ -59,9 +59,19 @@ class ServiceCollector(Collector):
         for field, name, doc in specs:
             g = GaugeMetricFamily(name, doc, labels=["worker"])
             for worker, values in stats.items():
-                if field in values:
-                    g.add_metric([worker], float(values[field]))
+                value = _number(values.get(field))
+                if value is not None:
+                    g.add_metric([worker], value)
             yield g
+
+
+def _number(text: str | None) -> float | None:
+    """A stats field as a float; anyone who can write to Redis can write junk there, and a
+    junk value must cost its own series, not the whole scrape."""
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
 
 
 async def record_route(request: Request) -> None:

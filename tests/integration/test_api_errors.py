@@ -227,3 +227,17 @@ def test_health_names_workers_only_to_admins(service: Service) -> None:
         assert body["workers"] is None
         for name in names:
             assert name not in r.text
+
+
+def test_junk_worker_stats_in_redis_cost_their_series_not_the_scrape(service: Service) -> None:
+    r = service.redis.client()
+    r.sadd("trainq:worker-stats", "junk-worker")
+    r.hset("trainq:worker-stats:junk-worker", mapping={"images_per_second": "abc"})
+    try:
+        got = httpx.get(f"{service.url}/metrics", headers=auth(service.admin_key))
+        assert got.status_code == 200
+        assert 'worker="junk-worker"' not in got.text
+    finally:
+        r.delete("trainq:worker-stats:junk-worker")
+        r.srem("trainq:worker-stats", "junk-worker")
+        r.close()
