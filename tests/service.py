@@ -303,3 +303,31 @@ def scratch_service(workers: int = 1) -> Iterator[Service]:
         finally:
             svc.stop()
             redis.kill()
+
+
+@contextlib.contextmanager
+def fresh_service(
+    folder: Path, data_dir: Path, env: dict[str, str] | None = None, *, api: bool = True
+) -> Iterator[Service]:
+    """For cases that break things: a service of their own in `folder` (mnist-sample, a
+    redis-server with AOF, a SQLite file), migrated and with its API up unless `api` is False;
+    workers are started by each case. Taken down afterwards."""
+    (folder / "data").mkdir()
+    os.symlink(data_dir / "mnist-sample", folder / "data" / "mnist-sample")
+    redis = RedisServer(folder / "redis")
+    redis.start()
+    service = Service(
+        data_dir=folder / "data",
+        database_url=f"sqlite:///{folder / 'trainq.db'}",
+        redis=redis,
+        extra_env=dict(env or {}),
+        log_dir=folder,
+    )
+    try:
+        if api:
+            service.migrate()
+            service.start_api()
+        yield service
+    finally:
+        service.stop()
+        redis.kill()

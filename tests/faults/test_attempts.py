@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from core.store import claim_job, create_dataset, create_job, save_epoch
 from core.train import train
 from core.train.data import load_dataset
 from tests.conftest import Recorder
-from tests.service import RedisServer, Service, wait_until
+from tests.service import Service, fresh_service, wait_until
 
 RECOVERY = {
     "TRAINQ_HEARTBEAT_TIMEOUT_S": "3",
@@ -37,22 +36,8 @@ ENDED = ("succeeded", "failed", "canceled")
 
 @pytest.fixture
 def svc(tmp_path: Path, data_dir: Path) -> Iterator[Service]:
-    (tmp_path / "data").mkdir()
-    os.symlink(data_dir / "mnist-sample", tmp_path / "data" / "mnist-sample")
-    redis = RedisServer(tmp_path / "redis")
-    redis.start()
-    service = Service(
-        data_dir=tmp_path / "data",
-        database_url=f"sqlite:///{tmp_path / 'trainq.db'}",
-        redis=redis,
-        extra_env=RECOVERY,
-        log_dir=tmp_path,
-    )
-    service.migrate()
-    service.start_api()
-    yield service
-    service.stop()
-    redis.kill()
+    with fresh_service(tmp_path, data_dir, RECOVERY) as service:
+        yield service
 
 
 def ended(c: Client, job_id: str, timeout: float = 120) -> dict:

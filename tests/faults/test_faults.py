@@ -27,7 +27,7 @@ from core.client import ApiError, Client
 from core.db import Database
 from core.spec import JobSpec
 from core.store import create_job, get_job
-from tests.service import RedisServer, Service, children, kill_group, wait_until
+from tests.service import Service, children, fresh_service, kill_group, wait_until
 
 FAST_RECOVERY = {
     "TRAINQ_HEARTBEAT_TIMEOUT_S": "4",
@@ -41,24 +41,9 @@ STEPS = 3 * 32
 
 @pytest.fixture
 def svc(tmp_path: Path, data_dir: Path) -> Iterator[Service]:
-    """A fresh service per case (these tests break things): SQLite, a redis-server with AOF,
-    the API; workers are started by each case."""
-    (tmp_path / "data").mkdir()
-    os.symlink(data_dir / "mnist-sample", tmp_path / "data" / "mnist-sample")
-    redis = RedisServer(tmp_path / "redis")
-    redis.start()
-    service = Service(
-        data_dir=tmp_path / "data",
-        database_url=f"sqlite:///{tmp_path / 'trainq.db'}",
-        redis=redis,
-        extra_env=FAST_RECOVERY,
-        log_dir=tmp_path,
-    )
-    service.migrate()
-    service.start_api()
-    yield service
-    service.stop()
-    redis.kill()
+    """A fresh service per case (these tests break things); workers are started by each case."""
+    with fresh_service(tmp_path, data_dir, FAST_RECOVERY) as service:
+        yield service
 
 
 def admin(svc: Service) -> Client:

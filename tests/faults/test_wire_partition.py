@@ -5,7 +5,6 @@ reaching the database, and the job succeeds once the link heals."""
 from __future__ import annotations
 
 import datetime as dt
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 
 from core.db import Database, as_utc
 from core.store import get_job
-from tests.service import RedisServer, Service, wait_until
+from tests.service import Service, fresh_service, wait_until
 from tests.wire import WireProxy
 
 SPEC = {"epochs": 5, "batch_size": 128, "seed": 3}  # 32 steps an epoch, seconds an epoch here
@@ -24,19 +23,8 @@ PARTITION_S = 12.0
 
 @pytest.fixture
 def svc(tmp_path: Path, data_dir: Path) -> Iterator[Service]:
-    (tmp_path / "data").mkdir()
-    os.symlink(data_dir / "mnist-sample", tmp_path / "data" / "mnist-sample")
-    redis = RedisServer(tmp_path / "redis")
-    redis.start()
-    service = Service(
-        data_dir=tmp_path / "data",
-        database_url=f"sqlite:///{tmp_path / 'trainq.db'}",
-        redis=redis,
-        log_dir=tmp_path,
-    )
-    yield service
-    service.stop()
-    redis.kill()
+    with fresh_service(tmp_path, data_dir, None, api=False) as service:
+        yield service
 
 
 def beat(db: Database, job_id: str) -> tuple[dt.datetime | None, str]:
