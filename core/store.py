@@ -90,10 +90,6 @@ def insert_jobs(s: Session, *, jobs: Sequence[Job]) -> None:
     s.execute(insert(Job), rows)
 
 
-def delete_jobs(s: Session, *, job_ids: Sequence[str]) -> None:
-    s.execute(delete(Job).where(Job.id.in_(job_ids)))
-
-
 def get_job(s: Session, *, job_id: str) -> Job | None:
     return s.get(Job, job_id)
 
