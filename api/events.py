@@ -6,8 +6,9 @@ Every step is sent once, in order, or said to be gone. Where the Redis stream la
 (it was trimmed, lost or expired), they come from the database, which stores them at each
 epoch end: while the job runs the follower waits for them (with keep-alives); once the job
 ended, steps that neither holds are named by a `gap` event (`from`, `to`). The stream of a
-job that ended closes, also when Redis never got (or lost) the end: then the database's
-status closes it, keyed after everything the follower has seen."""
+job that ended closes, also when Redis never got (or lost) the end, and while something
+(a superseded attempt) still adds to it: the feed asks the database every few seconds, and
+the database's status closes it, keyed after everything the follower has seen."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from enum import Enum
 from typing import Any
@@ -28,10 +30,14 @@ from core.stream import END, EPOCH, STEP, parse_entries, stream_key
 log = logging.getLogger("trainq.api")
 IDLE_BLOCK_MS = 5000
 GAP_POLL_S = 1.0  # how often a follower waiting for missing steps asks the database again
+# How often a feed asks the database whether its job ended, however busy the stream: a
+# superseded attempt (or any writer) may go on adding to a stream whose end was lost.
+ENDED_POLL_S = 3.0
 DB_PAGE = 2000
-EVENT_ID = re.compile(r"^\d{1,18}-\d$")
+EVENT_ID = re.compile(r"^\d{1,9}-\d$")  # steps fit in 9 digits (api.schemas.MAX_STEP)
 BACKLOG = 256  # live batches a follower may fall behind by before it reads Redis again
 KEEP_ALIVE = ": keep-alive\n\n"
+ADMIN_ONLY = frozenset({"worker"})  # status fields no event carries (see _for_every_key)
 
 Key = tuple[int, int]
 Batch = list[tuple[Key, str]]  # (entry key, the SSE text of that entry), in order
@@ -66,9 +72,18 @@ def _last_needed(key: Key) -> int:
 
 def _batch(raw: Any) -> Batch:
     return [
-        (_key(eid), sse(eid, kind, {"type": kind, **data}))
+        (_key(eid), sse(eid, kind, {"type": kind, **_for_every_key(kind, data)}))
         for eid, kind, data in parse_entries(raw)
     ]
+
+
+def _for_every_key(kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    """An entry as every key that may read the job may see it: the stream is encoded once
+    for all its followers, so what is for admins only (the worker's name, which carries
+    its host's: GET /jobs/{id} shows it to an admin key) is left out for everyone."""
+    if kind != "status":
+        return data
+    return {k: v for k, v in data.items() if k not in ADMIN_ONLY}
 
 
 class _Feed:
@@ -86,6 +101,7 @@ class _Feed:
 
     async def _run(self) -> None:
         key = stream_key(self.job_id)
+        asked_db = time.monotonic()
         try:
             while self.followers:
                 raw: Any = await self.hub.ar.xread(
@@ -97,11 +113,14 @@ class _Feed:
                     self._send(batch)
                     if batch[-1][0][1] == END:
                         return
-                    continue
+                    if time.monotonic() - asked_db < ENDED_POLL_S:
+                        continue
+                asked_db = time.monotonic()
                 if await asyncio.to_thread(_has_ended, self.hub.db, self.job_id):
                     self._send(Signal.ENDED)  # ended with no end in Redis (expired, lost)
                     return
-                self._send(Signal.IDLE)
+                if not raw:
+                    self._send(Signal.IDLE)
         except Exception:
             log.exception("live feed of job %s stopped", self.job_id)
         finally:

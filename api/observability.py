@@ -1,5 +1,6 @@
-"""GET /metrics in Prometheus format: jobs by status, queue depth, workers alive, each
-worker's training images/s, step time and GPU memory, and API request latency."""
+"""GET /metrics in Prometheus format: jobs by status, queue depth, workers alive, API
+request latency, and for an admin key each worker's training images/s, step time and GPU
+memory (labelled by the worker's name, which carries its host's)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ OTHER = "other"
 class ServiceCollector(Collector):
     """Read at scrape time from the database and Redis, so every API process agrees."""
 
-    def __init__(self, app: FastAPI) -> None:
+    def __init__(self, app: FastAPI, *, per_worker: bool) -> None:
         self.app = app
+        self.per_worker = per_worker
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         state = self.app.state
@@ -46,7 +48,8 @@ class ServiceCollector(Collector):
         yield GaugeMetricFamily("trainq_queue_depth", "Jobs waiting in the queue.", value=q.count)
         alive = len(Worker.all(connection=r, queue=q, serializer=JSONSerializer))
         yield GaugeMetricFamily("trainq_workers_alive", "Registered RQ workers.", value=alive)
-        yield from self._worker_gauges(read_worker_stats(r))
+        if self.per_worker:
+            yield from self._worker_gauges(read_worker_stats(r))
 
     def _worker_gauges(self, stats: dict[str, dict[str, str]]) -> Iterator[GaugeMetricFamily]:
         specs = [
@@ -115,15 +118,18 @@ class TimeRequests:
 
 
 def install(app: FastAPI) -> None:
-    registry = CollectorRegistry()
     latency = Histogram(
         "trainq_api_request_seconds",
         "API request latency.",
         ["method", "route", "status"],
         buckets=LATENCY_BUCKETS,
-        registry=registry,
+        registry=None,
     )
-    registry.register(ServiceCollector(app))
+    # The same figures for every key, but the per-worker series only for admin keys.
+    registries = {admin: CollectorRegistry() for admin in (False, True)}
+    for admin, registry in registries.items():
+        registry.register(latency)
+        registry.register(ServiceCollector(app, per_worker=admin))
 
     app.add_middleware(TimeRequests, latency=latency)
 
@@ -133,7 +139,7 @@ def install(app: FastAPI) -> None:
         summary="Prometheus metrics",
         responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
     )
-    def metrics(_: CallerDep) -> Response:
+    def metrics(caller: CallerDep) -> Response:
         """Needs a key like every route but /health (Prometheus: `authorization` in the
-        scrape config)."""
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        scrape config); the per-worker series need an admin key."""
+        return Response(generate_latest(registries[caller.admin]), media_type=CONTENT_TYPE_LATEST)

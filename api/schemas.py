@@ -9,6 +9,9 @@ from pydantic import BaseModel, Field
 
 from core.db import JobStatus
 
+# The database's step columns are 32-bit integers: no cursor past this names a step.
+MAX_STEP = 2**31 - 1
+
 
 class Progress(BaseModel):
     step: int = Field(description="Last training step reported.")
@@ -50,7 +53,9 @@ class JobOut(BaseModel):
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
     attempt: int
-    worker: str | None
+    worker: str | None = Field(
+        description="The worker that ran it (host-gpu-pid): admin keys only."
+    )
     device: str | None
     progress: Progress
     result: JobResult | None

@@ -10,20 +10,36 @@ rollback at its insert), and any failure, the enqueue's lost reply included, rol
 back. An entry whose transaction rolled back may still be on the queue (its EXEC ran): its
 payload says `via="api"`, and a worker waits `commit_wait_s` for the row of such an entry,
 then refuses it without creating one. A commit that lands even later is not lost: the
-reconciler enqueues a queued job that has no live entry again."""
+reconciler enqueues a queued job that has no live entry again.
+
+A COMMIT whose reply is lost may still have taken effect. Then a fresh connection asks the
+database (briefly retried) whether the rows are there: if they are, the submissions
+succeeded; if they surely are not, the error stands and the queue entries are taken back;
+if that cannot be known, the error says so (`OutcomeUnknown`): only a retry with the same
+Idempotency-Key is then safe from a duplicate."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis import Redis
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 from redis.retry import Retry
-from sqlalchemy.exc import IntegrityError
+from rq.exceptions import NoSuchJobError
+from rq.job import Job as RQJob
+from rq.job import JobStatus as RQStatus
+from rq.serializers import JSONSerializer
+from sqlalchemy import select, text
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from core.config import Settings
@@ -33,7 +49,14 @@ from core.spec import JobSpec
 from core.store import find_by_idempotency_key, insert_jobs, new_job
 
 MAX_BATCH = 256
+COMMIT_CHECKS, COMMIT_CHECK_PAUSE_S = 5, 0.2  # asking whether a failed commit took effect
 Outcome = tuple[Job, bool]  # the job, and whether this submission created it
+log = logging.getLogger("trainq.api")
+
+
+class OutcomeUnknown(Exception):
+    """The commit of a submission failed as far as the API can tell, and the database could
+    not say whether it took effect: the job may exist."""
 
 
 @dataclass
@@ -120,8 +143,8 @@ class Submitter:
 
     def _write(self, batch: list[Submission]) -> list[Outcome | BaseException]:
         plan: list[tuple[str, Job]] = []
-        try:
-            with self._db.session() as s:
+        with self._db.sessions() as s:  # closing it rolls back what was not committed
+            try:
                 plan = _plan(s, batch)
                 new = [job for how, job in plan if how == "new"]
                 if new:
@@ -134,14 +157,45 @@ class Submitter:
                         jobs=[(job.id, job.spec, job.owner) for job in new],
                         timeout_s=self._settings.job_timeout_s,
                     )
-        except IntegrityError:
-            raise  # _run retries one at a time
-        except Exception as e:
-            if not plan:
-                raise  # the database is away: every submission gets the error
-            # Nothing of this batch was committed; a job found by its key was, long before.
-            return [(job, False) if how == "found" else e for how, job in plan]
+                backend = _backend(s)
+            except IntegrityError:
+                raise  # _run retries one at a time
+            except Exception as e:
+                if not plan:
+                    raise  # the database is away: every submission gets the error
+                # Nothing of this batch was committed; a job found by its key was, long before.
+                return [(job, False) if how == "found" else e for how, job in plan]
+            try:
+                s.commit()
+            except Exception as e:
+                with contextlib.suppress(Exception):  # its connection may be gone
+                    s.rollback()
+                return self._after_failed_commit(plan, backend, e)
         return [(job, how == "new") for how, job in plan]
+
+    def _after_failed_commit(
+        self, plan: list[tuple[str, Job]], backend: int | None, e: Exception
+    ) -> list[Outcome | BaseException]:
+        new = [job.id for how, job in plan if how == "new"]
+        if not new:  # it held only reads
+            return [(job, False) for _, job in plan]
+        committed = _committed(self._db, new, backend)
+        if committed:
+            log.warning("a commit of %d jobs reported %s, yet it took effect", len(new), e)
+            return [(job, how == "new") for how, job in plan]
+        if committed is None:
+            log.warning(
+                "a commit of %d jobs reported %s; whether it took effect is unknown", len(new), e
+            )
+            failure: Exception = OutcomeUnknown(
+                "the database did not confirm the job's creation and could not be asked "
+                "whether it happened: the job may exist. Retry with the same Idempotency-Key "
+                "(a retry without one may create a second job)"
+            )
+        else:
+            _withdraw(self._enqueuer, new)
+            failure = e
+        return [(job, False) if how == "found" else failure for how, job in plan]
 
 
 def _plan(s: Session, batch: list[Submission]) -> list[tuple[str, Job]]:
@@ -169,6 +223,57 @@ def _plan(s: Session, batch: list[Submission]) -> list[tuple[str, Job]]:
             made[key] = job
         plan.append(("new", job))
     return plan
+
+
+def _backend(s: Session) -> int | None:
+    """The server process holding this session's transaction (PostgreSQL); None where the
+    transaction lives in this process (SQLite)."""
+    if s.get_bind().dialect.name != "postgresql":
+        return None
+    raw: Any = s.connection().connection.dbapi_connection
+    return int(raw.info.backend_pid)
+
+
+def _committed(db: Database, job_ids: list[str], backend: int | None) -> bool | None:
+    """Whether a commit of these rows that reported an error took effect: True, False (it
+    surely did not) or None (unknown). Rolled back here, a local transaction is settled at
+    once; on a server it is settled once its session is gone (a COMMIT still running there
+    may yet land), so that is asked first, then whether the rows are there."""
+    for i in range(COMMIT_CHECKS):
+        if i:
+            time.sleep(COMMIT_CHECK_PAUSE_S)
+        try:
+            with db.readers() as s:
+                settled = backend is None or not _session_alive(s, backend)
+                found = s.scalars(select(Job.id).where(Job.id.in_(job_ids))).first()
+        except SQLAlchemyError:
+            continue  # the database is away again: ask again
+        if found is not None:
+            return True  # one transaction: all of its rows are there, or none
+        if settled:
+            return False
+    return None
+
+
+def _session_alive(s: Session, backend: int) -> bool:
+    alive = s.scalar(
+        text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": backend}
+    )
+    return bool(alive)
+
+
+def _withdraw(r: Redis, job_ids: list[str]) -> None:
+    """Take back the entries of jobs that surely were not committed. One a worker has taken
+    already is left to it: it waits for the row, then refuses the entry."""
+    for job_id in job_ids:
+        try:
+            entry = RQJob.fetch(job_id, connection=r, serializer=JSONSerializer)
+            if entry.get_status() == RQStatus.QUEUED:
+                entry.delete()
+        except NoSuchJobError:
+            continue
+        except RedisError as e:
+            log.warning("queue entry %s not taken back (%s); its worker will refuse it", job_id, e)
 
 
 def enqueue_client(redis_url: str, timeout_s: float) -> Redis:

@@ -5,8 +5,9 @@ the four MNIST IDX files) checked and turned into the canonical form the trainer
 Nothing here trusts the upload: zip members are counted and sized before anything is
 decompressed (and never decompressed past their declared size), a gzipped IDX file is
 inflated as a stream, never past what its header promises, nothing may expand more than
-MAX_RATIO times, paths are checked, arrays are loaded without pickle, images' sizes are read
-from their headers before decoding, and a set that nothing can be learnt from is refused."""
+MAX_RATIO times, paths are checked, arrays are loaded without pickle, arrays' dtypes and
+shapes and images' sizes are read from their headers before any data is read, and a set
+that nothing can be learnt from is refused."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def parse_upload(data: bytes) -> ParsedDataset:
             members = checked_members(zf)
             names = {m.filename for m in members}
             if {f"{k}.npy" for k in NPZ_KEYS} & names:
-                x_train, y_train, x_test, y_test = _from_npz(data)
+                x_train, y_train, x_test, y_test = _from_npz(zf, members)
                 classes = None
             elif any(_idx_key(m.filename) for m in members):
                 x_train, y_train, x_test, y_test = _from_idx(zf, members)
@@ -141,54 +142,123 @@ def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
 # ---------------------------------------------------------------------------- .npz
 
 
-def _from_npz(data: bytes) -> tuple[U8, I64, U8, I64]:
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            missing = [k for k in NPZ_KEYS if k not in npz.files]
-            if missing:
-                raise InvalidDataset(
-                    f"the .npz lacks {', '.join(missing)}: it needs {', '.join(NPZ_KEYS)}"
-                )
-            arrays = {k: npz[k] for k in NPZ_KEYS}
-    except ValueError as e:  # "Object arrays cannot be loaded when allow_pickle=False", ...
-        if "allow_pickle" in str(e):
-            raise InvalidDataset("the .npz holds pickled (object) arrays: refused") from e
-        raise InvalidDataset(f"the .npz could not be read: {e}") from e
-    except (OSError, EOFError, zipfile.BadZipFile) as e:
-        raise InvalidDataset(f"the .npz could not be read: {e}") from e
-    x_train = _images(arrays["x_train"], "x_train")
-    x_test = _images(arrays["x_test"], "x_test")
+def _from_npz(zf: zipfile.ZipFile, members: list[zipfile.ZipInfo]) -> tuple[U8, I64, U8, I64]:
+    """The four arrays, checked from their .npy headers (dtypes, shapes, counts, and that
+    each member holds exactly the bytes it declares) before any data is read: a small
+    upload may declare gigabytes, and reading or widening them would cost that."""
+    by_name = {m.filename: m for m in members}
+    missing = [k for k in NPZ_KEYS if f"{k}.npy" not in by_name]
+    if missing:
+        raise InvalidDataset(f"the .npz lacks {', '.join(missing)}: it needs {', '.join(NPZ_KEYS)}")
+    infos = {k: by_name[f"{k}.npy"] for k in NPZ_KEYS}
+    headers = {k: _npy_header(zf, info) for k, info in infos.items()}
+    for k, header in headers.items():
+        (_check_images if k.startswith("x_") else _check_labels)(header, k)
+    count = headers["x_train"].shape[0] + headers["x_test"].shape[0]
+    if count > MAX_IMAGES:
+        raise DatasetTooLarge(f"{count} images: at most {MAX_IMAGES}")
+    for k, info in infos.items():
+        headers[k].check_size(info)
+    arrays = {k: _read_npy(zf, info) for k, info in infos.items()}
     return (
-        x_train,
-        _labels(arrays["y_train"], "y_train"),
-        x_test,
-        _labels(arrays["y_test"], "y_test"),
+        _images(arrays["x_train"]),
+        arrays["y_train"].astype(np.int64),
+        _images(arrays["x_test"]),
+        arrays["y_test"].astype(np.int64),
     )
 
 
-def _images(x: np.ndarray[Any, Any], key: str) -> U8:
-    """uint8 (N,H,W), (N,H,W,C) or (N,C,H,W) with C in {1, 3} -> (N, C, H, W)."""
-    if x.dtype != np.uint8:
-        raise InvalidDataset(f"{key}: images must be uint8 (0..255), not {x.dtype}")
+@dataclass(frozen=True)
+class _NpyHeader:
+    """What an .npy member declares, read before its data."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    size: int  # bytes of the header itself
+
+    def check_size(self, info: zipfile.ZipInfo) -> None:
+        """The member holds exactly the data the header declares."""
+        declared = math.prod(self.shape) * self.dtype.itemsize
+        if self.size + declared != info.file_size:
+            raise InvalidDataset(
+                f"{info.filename!r}: its header declares {declared} bytes of data, the "
+                f"member holds {info.file_size - self.size}"
+            )
+
+
+def _npy_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> _NpyHeader:
+    with zf.open(info) as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise InvalidDataset(
+                    f"{info.filename!r}: .npy format {version[0]}.{version[1]}: save the "
+                    "arrays with numpy.savez (formats 1.0 and 2.0)"
+                )
+        except ValueError as e:
+            raise InvalidDataset(f"{info.filename!r}: not an .npy array ({e})") from e
+        if dtype.hasobject:
+            raise InvalidDataset("the .npz holds pickled (object) arrays: refused")
+        return _NpyHeader(shape=tuple(shape), dtype=dtype, size=f.tell())
+
+
+def _read_npy(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray[Any, Any]:
+    with zf.open(info) as f:
+        return np.lib.format.read_array(f, allow_pickle=False)
+
+
+def _check_images(header: _NpyHeader, key: str) -> None:
+    """uint8 (N,H,W), (N,H,W,C) or (N,C,H,W) with C in {1, 3}, N and sides in bounds."""
+    if header.dtype != np.uint8:
+        raise InvalidDataset(f"{key}: images must be uint8 (0..255), not {header.dtype}")
+    layout = _image_layout(header.shape)
+    if layout is None:
+        raise InvalidDataset(
+            f"{key}: shape {list(header.shape)}; images must be (N, H, W), (N, H, W, C) or "
+            "(N, C, H, W) with C 1 or 3"
+        )
+    if header.shape[0] > MAX_IMAGES:
+        raise DatasetTooLarge(f"{key}: {header.shape[0]} images: at most {MAX_IMAGES}")
+    _, h, w = layout
+    if not (MIN_SIDE <= h <= MAX_SIDE and MIN_SIDE <= w <= MAX_SIDE):
+        raise InvalidDataset(
+            f"{key}: images are {h}×{w}: each side must be {MIN_SIDE} to {MAX_SIDE}"
+        )
+
+
+def _image_layout(shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(C, H, W) of an accepted image array shape, None for any other shape."""
+    if len(shape) == 3:
+        return 1, shape[1], shape[2]
+    if len(shape) == 4 and shape[3] in (1, 3):
+        return shape[3], shape[1], shape[2]
+    if len(shape) == 4 and shape[1] in (1, 3):
+        return shape[1], shape[2], shape[3]
+    return None
+
+
+def _images(x: U8) -> U8:
+    """A checked image array (see _check_images) as (N, C, H, W)."""
     if x.ndim == 3:
         return np.ascontiguousarray(x[:, None])
-    if x.ndim == 4:
-        if x.shape[3] in (1, 3):
-            return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
-        if x.shape[1] in (1, 3):
-            return np.ascontiguousarray(x)
-    raise InvalidDataset(
-        f"{key}: shape {list(x.shape)}; images must be (N, H, W), (N, H, W, C) or "
-        "(N, C, H, W) with C 1 or 3"
-    )
+    if x.shape[3] in (1, 3):
+        return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    return np.ascontiguousarray(x)
 
 
-def _labels(y: np.ndarray[Any, Any], key: str) -> I64:
-    if y.dtype.kind not in "iu":
-        raise InvalidDataset(f"{key}: labels must be integers, not {y.dtype}")
-    if y.ndim != 1:
-        raise InvalidDataset(f"{key}: shape {list(y.shape)}; labels must be one-dimensional (N,)")
-    return y.astype(np.int64)
+def _check_labels(header: _NpyHeader, key: str) -> None:
+    if header.dtype.kind not in "iu":
+        raise InvalidDataset(f"{key}: labels must be integers, not {header.dtype}")
+    if len(header.shape) != 1:
+        raise InvalidDataset(
+            f"{key}: shape {list(header.shape)}; labels must be one-dimensional (N,)"
+        )
+    if header.shape[0] > MAX_IMAGES:
+        raise DatasetTooLarge(f"{key}: {header.shape[0]} labels: at most {MAX_IMAGES}")
 
 
 # ---------------------------------------------------------------------------- IDX
@@ -216,11 +286,12 @@ def _from_idx(zf: zipfile.ZipFile, members: list[zipfile.ZipInfo]) -> tuple[U8, 
     for key, info in found.items():
         arrays[key] = _idx_member(zf, info, key, budget)
         budget -= arrays[key].nbytes
+    # _check_idx_dims bounded the labels, one-dimensional, to MAX_IMAGES.
     return (
         np.ascontiguousarray(arrays["x_train"][:, None]),
-        _labels(arrays["y_train"], "y_train"),
+        arrays["y_train"].astype(np.int64),
         np.ascontiguousarray(arrays["x_test"][:, None]),
-        _labels(arrays["y_test"], "y_test"),
+        arrays["y_test"].astype(np.int64),
     )
 
 

@@ -28,8 +28,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import NullPool, QueuePool
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import ColumnElement, FunctionElement, literal
 
 from core.config import Settings
 
@@ -53,6 +56,61 @@ TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.canceled}
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+class _DbNow(FunctionElement[dt.datetime]):
+    type = DateTime(timezone=True)
+    inherit_cache = True
+
+
+class _DbAgo(FunctionElement[dt.datetime]):
+    type = DateTime(timezone=True)
+    inherit_cache = True
+
+
+def db_now() -> _DbNow:
+    """The database's clock, now. Every time that liveness is judged by (heartbeat_at,
+    enqueued_at, started_at) is written and compared with this one clock: the hosts that
+    write them and the reconcilers that read them may each be minutes off."""
+    return _DbNow()
+
+
+def db_ago(seconds: float) -> _DbAgo:
+    """The database's clock, `seconds` ago."""
+    return _DbAgo(literal(seconds, Float()))
+
+
+# A time that stored times are compared with: the database's clock (db_now, db_ago) in
+# trainq's own comparisons; a plain value where a caller means a fixed instant.
+DbTime = dt.datetime | ColumnElement[dt.datetime]
+
+
+# SQLite's CURRENT_TIMESTAMP has whole seconds; this is the text SQLAlchemy stores a
+# datetime as (UTC, microseconds), so stored times of either origin compare as text.
+_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f000', {})"
+
+
+@compiles(_DbNow, "sqlite")
+def _sqlite_now(_element: _DbNow, _compiler: SQLCompiler, **_kw: Any) -> str:
+    return _SQLITE_NOW.format("'now'")
+
+
+@compiles(_DbAgo, "sqlite")
+def _sqlite_ago(element: _DbAgo, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = compiler.process(element.clauses, **kw)
+    return _SQLITE_NOW.format(f"julianday('now') - {seconds} / 86400.0")
+
+
+# PostgreSQL's now() is the start of the transaction, which may have waited on a row lock
+# for longer than the heartbeat timeout; clock_timestamp() is the time of the write.
+@compiles(_DbNow, "postgresql")
+def _postgres_now(_element: _DbNow, _compiler: SQLCompiler, **_kw: Any) -> str:
+    return "clock_timestamp()"
+
+
+@compiles(_DbAgo, "postgresql")
+def _postgres_ago(element: _DbAgo, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"clock_timestamp() - make_interval(secs => {compiler.process(element.clauses, **kw)})"
 
 
 def as_utc(t: dt.datetime | None) -> dt.datetime | None:
@@ -88,6 +146,9 @@ class Job(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     # Attempts that a stopping worker handed back (SIGTERM): not restarts (core.reconcile).
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    # The attempt whose worker was asked to stop (SIGTERM), written as the request arrives:
+    # should it die before it hands the job back, that loss is a preemption too.
+    stop_requested_attempt: Mapped[int | None]
     worker: Mapped[str | None] = mapped_column(String(200))
     device: Mapped[str | None] = mapped_column(String(200))
     total_steps: Mapped[int | None]
@@ -95,7 +156,7 @@ class Job(Base):
     progress_epoch: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     queue_entry: Mapped[str | None] = mapped_column(String(80))  # the RQ job id that carries it
-    enqueued_at: Mapped[dt.datetime | None]
+    enqueued_at: Mapped[dt.datetime | None] = mapped_column(default=db_now())
     result: Mapped[dict[str, Any] | None]
     record: Mapped[dict[str, Any] | None]
     error_code: Mapped[str | None] = mapped_column(String(64))

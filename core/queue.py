@@ -19,18 +19,33 @@ nothing wrong with it:
 
 A refused entry is failed in RQ (its FailedJobRegistry, with the reason) and nothing of it
 runs: no import, no call, no trainq job row. The check reads only what RQ stored, so it
-imports nothing a producer names."""
+imports nothing a producer names.
+
+Before that, a worker reads an entry only within bounds, so that no entry can stop it or
+fill its memory:
+
+- the entry's hash has at most 64 fields, with names of at most 64 bytes and values of at
+  most 64 KiB, checked inside Redis (`read_entry`, one script) before any of it is read;
+  `data` is inflated no further than 32 KiB (a longer payload is refused as above);
+- an entry that breaks these bounds, or that RQ cannot restore (a junk date or status, a
+  field or id that is not UTF-8, an id RQ names no job by, no `data`, a key that is no
+  hash), cannot be failed in RQ: it is dropped (its hash deleted, a log line naming it) and
+  the worker goes on to the next entry;
+- RQ's `timeout`, `result_ttl` and `failure_ttl` are the worker's own (the setting
+  `job_timeout_s`, RESULT_TTL_S, FAILURE_TTL_S), whatever the entry says."""
 
 from __future__ import annotations
 
 import json
 import re
 import uuid
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
 from rq import Queue
+from rq.exceptions import NoSuchJobError
 from rq.serializers import JSONSerializer
 
 TASK = "worker.tasks.train"
@@ -42,6 +57,10 @@ MAX_SPEC_BYTES = 16 * 1024  # a real spec is a few hundred bytes
 MAX_SPEC_DEPTH = 4  # a JobSpec is flat: depth 1
 MAX_OWNER_CHARS = 200
 ENTRY_SUFFIX = re.compile(r"[a-z0-9]{1,16}")
+MAX_FIELDS = 64  # RQ writes about 30
+MAX_FIELD_NAME_BYTES = 64
+# RQ's default description is the call string, the whole spec in it: a few times 16 KiB
+MAX_FIELD_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -57,10 +76,15 @@ class QueueEntry:
     repeats: int = 0
 
 
+class UnreadableEntry(NoSuchJobError):
+    """An entry that breaks the reading bounds or that RQ cannot restore. A NoSuchJobError:
+    every path of RQ's that meets one goes on as it does past an entry that is gone."""
+
+
 def contract_violation(entry: QueueEntry) -> str | None:
     """Why a worker must not run this entry, or None when it may."""
     if len(entry.payload) > MAX_PAYLOAD_BYTES:
-        return f"the payload is {len(entry.payload)} bytes; at most {MAX_PAYLOAD_BYTES} are read"
+        return f"the payload is over {MAX_PAYLOAD_BYTES} bytes, the most a worker reads"
     try:
         function, instance, args, kwargs = _parse(entry.payload)
     except (ValueError, RecursionError) as e:
@@ -77,6 +101,49 @@ def contract_violation(entry: QueueEntry) -> str | None:
         or _ids_violation(kwargs.get("job_id"), entry.id)
         or _via_violation(kwargs)
     )
+
+
+def inflate(raw: bytes, limit: int) -> bytes:
+    """A zlib field as RQ's restore reads it (the raw bytes when they are not zlib), but
+    inflated to no more than limit + 1 bytes: a result longer than `limit` is cut there, so
+    that a small field which would inflate to gigabytes costs the worker no more."""
+    try:
+        return zlib.decompressobj().decompress(raw, limit + 1)
+    except zlib.error:
+        return raw
+
+
+# One script, so the bounds are checked inside Redis and nothing can grow between the check
+# and the read. A string reply is the reason the entry was not read.
+_READ_ENTRY = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then return {} end
+if kind ~= 'hash' then return 'its key holds a ' .. kind .. ', not a hash' end
+local fields = redis.call('HLEN', KEYS[1])
+if fields > tonumber(ARGV[1]) then
+  return 'its hash has ' .. fields .. ' fields; at most ' .. ARGV[1] .. ' are read'
+end
+for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if #name > tonumber(ARGV[2]) then
+    return 'a field name is ' .. #name .. ' bytes; at most ' .. ARGV[2] .. ' are read'
+  end
+  local size = redis.call('HSTRLEN', KEYS[1], name)
+  if size > tonumber(ARGV[3]) then
+    return 'its field ' .. name .. ' is ' .. size .. ' bytes; at most ' .. ARGV[3] .. ' are read'
+  end
+end
+return redis.call('HGETALL', KEYS[1])
+"""
+
+
+def read_entry(r: Redis, key: str) -> dict[bytes, bytes]:
+    """An entry's hash, read only within the bounds (empty when there is none); raises
+    UnreadableEntry with the reason when it breaks them."""
+    bounds = (MAX_FIELDS, MAX_FIELD_NAME_BYTES, MAX_FIELD_BYTES)
+    reply = r.register_script(_READ_ENTRY)(keys=[key], args=bounds)
+    if isinstance(reply, bytes):
+        raise UnreadableEntry(reply.decode(errors="replace"))
+    return dict(zip(reply[::2], reply[1::2], strict=True))
 
 
 def is_uuid(value: object) -> bool:
@@ -257,17 +324,43 @@ def _payload(spec: dict[str, Any], owner: str | None, via: str | None = None) ->
     return payload
 
 
+# A worker running an entry beats every 5 s (worker.run's job_monitoring_interval): four
+# beats missed and it is gone. Judged across hosts' clocks, so one far off may re-enqueue
+# a live entry's job early; that is safe (only one claim of a queued job wins).
+WORKER_SILENT_S = 20.0
+
+
 def entry_is_live(r: Redis, queue_entry: str) -> bool:
-    """Whether the queue still holds this entry, waiting or being worked on."""
+    """Whether the queue still holds this entry, waiting or being worked on by a worker
+    that is still there."""
     from rq.exceptions import NoSuchJobError
     from rq.job import Job as RQJob
     from rq.job import JobStatus as RQStatus
 
     try:
-        status = RQJob.fetch(queue_entry, connection=r, serializer=JSONSerializer).get_status()
+        job = RQJob.fetch(queue_entry, connection=r, serializer=JSONSerializer)
     except NoSuchJobError:
         return False
-    return status in (RQStatus.QUEUED, RQStatus.STARTED, RQStatus.DEFERRED, RQStatus.SCHEDULED)
+    status = job.get_status()
+    if status == RQStatus.STARTED:
+        return _worker_beats(r, job.worker_name)
+    return status in (RQStatus.QUEUED, RQStatus.DEFERRED, RQStatus.SCHEDULED)
+
+
+def _worker_beats(r: Redis, name: str | None) -> bool:
+    """Whether an RQ worker is alive: its key holds a recent heartbeat and no death. A
+    killed worker leaves its entry STARTED until RQ's own clean-up, ten minutes or more
+    later, and its key for a minute or more; its heartbeat stops at once."""
+    from rq.utils import now, utcparse
+    from rq.worker import Worker
+
+    if not name:
+        return False
+    beat, death = r.hmget(Worker.redis_worker_namespace_prefix + name, ["last_heartbeat", "death"])
+    if beat is None or death is not None:
+        return False
+    silent = now() - utcparse(beat.decode() if isinstance(beat, bytes) else beat)
+    return silent.total_seconds() < WORKER_SILENT_S
 
 
 def stop_entry(r: Redis, queue_entry: str) -> bool:

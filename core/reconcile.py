@@ -5,15 +5,20 @@ at once). It heals three drifts:
 - a running job whose attempt stopped writing heartbeats (its worker died, or its trainer
   made no progress for TRAINQ_STALL_TIMEOUT_S, so it stopped beating): requeued to resume
   from its last checkpoint, up to the spec's `max_restarts`, then failed with
-  `worker_lost`; a lost job that was being canceled ends `canceled`; a silent work horse
-  that is still there (stuck rather than dead) gets RQ's stop command;
+  `worker_lost`; an attempt whose worker had been asked to stop (SIGTERM) and was killed
+  before it could hand the job back is a preemption, not a restart; a lost job that was
+  being canceled ends `canceled`; a silent work horse that is still there (stuck rather
+  than dead) gets RQ's stop command;
 - a queued job with no live queue entry (a crash between the insert and the enqueue, or a
   Redis that came back empty): enqueued again.
+
+Silence and waiting are judged by the database's clock alone (core.db.db_now): the times
+are written with it and compared with it in SQL, so no host's clock, however far off,
+makes a live attempt lost or hides a dead one.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 from redis import Redis
 
 from core.config import Settings
-from core.db import Database, Job, JobStatus, as_utc, utcnow
+from core.db import Database, Job, JobStatus, as_utc, db_ago
 from core.queue import enqueue_job, entry_is_live, stop_entry
 from core.store import end_job, lost_jobs, requeue_job, set_queue_entry, stale_queued_jobs
 from core.stream import publish_status
@@ -38,17 +43,12 @@ class Report:
 
 def reconcile_once(db: Database, r: Redis, settings: Settings) -> Report:
     report = Report()
-    now = utcnow()
     with db.session() as s:
-        lost = list(
-            lost_jobs(s, silent_since=now - dt.timedelta(seconds=settings.heartbeat_timeout_s))
-        )
+        lost = list(lost_jobs(s, silent_since=db_ago(settings.heartbeat_timeout_s)))
     for job in lost:
         _handle_lost(db, r, settings, job, report)
     with db.session() as s:
-        waiting = list(
-            stale_queued_jobs(s, enqueued_before=now - dt.timedelta(seconds=settings.queue_grace_s))
-        )
+        waiting = list(stale_queued_jobs(s, enqueued_before=db_ago(settings.queue_grace_s)))
     for job in waiting:
         if job.queue_entry and entry_is_live(r, job.queue_entry):
             continue
@@ -65,12 +65,14 @@ def reconcile_once(db: Database, r: Redis, settings: Settings) -> Report:
 def _handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: Report) -> None:
     # `job` may be a stale read: each update below also requires the attempt to be silent
     # still, so an attempt that beat since then (alive after all) is left alone.
-    silent_since = utcnow() - dt.timedelta(seconds=settings.heartbeat_timeout_s)
-    # An attempt handed back by a stopping worker (a preemption) is not a restart.
+    silent_since = db_ago(settings.heartbeat_timeout_s)
+    # An attempt handed back by a stopping worker (a preemption) is not a restart, and
+    # neither is one whose worker was asked to stop and killed before it could hand back.
+    preempted = job.stop_requested_attempt == job.attempt
     restarts_used = max(job.attempt - 1 - job.preemptions, 0)
     max_restarts = int(job.spec.get("max_restarts", 2))
-    seen = f"last heartbeat {as_utc(job.heartbeat_at)}, worker {job.worker}"
-    if job.cancel_requested or restarts_used >= max_restarts:
+    seen = f"last heartbeat {as_utc(job.heartbeat_at)}"  # the job's message: no host in it
+    if job.cancel_requested or (not preempted and restarts_used >= max_restarts):
         status = JobStatus.canceled if job.cancel_requested else JobStatus.failed
         code = "canceled" if job.cancel_requested else "worker_lost"
         message = f"the worker running attempt {job.attempt} was lost ({seen})" + (
@@ -88,6 +90,7 @@ def _handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: R
                 silent_since=silent_since,
             )
         if moved:
+            log.warning("job %s lost its worker %s (%s): %s", job.id, job.worker, seen, status)
             _stop_silent_horse(r, job)
             report.failed.append(job.id)
             _publish(r, job, {"status": status, "error": {"code": code, "message": message}})
@@ -95,14 +98,24 @@ def _handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: R
     entry = f"{job.id}-a{job.attempt + 1}"
     with db.session() as s:
         if not requeue_job(
-            s, job_id=job.id, attempt=job.attempt, queue_entry=entry, silent_since=silent_since
+            s,
+            job_id=job.id,
+            attempt=job.attempt,
+            queue_entry=entry,
+            silent_since=silent_since,
+            preempted=preempted,
         ):
             return
     _stop_silent_horse(r, job)
     _enqueue(r, settings, job, entry)
     report.requeued.append(job.id)
     log.warning(
-        "job %s lost its worker (%s); requeued as attempt %d", job.id, seen, job.attempt + 1
+        "job %s lost its worker %s (%s%s); requeued as attempt %d",
+        job.id,
+        job.worker,
+        seen,
+        ", asked to stop: a preemption" if preempted else "",
+        job.attempt + 1,
     )
 
 

@@ -19,11 +19,13 @@ from core.db import (
     TERMINAL,
     Artifact,
     Checkpoint,
+    DbTime,
     EpochMetric,
     Job,
     JobStatus,
     StepMetric,
     UserDataset,
+    db_now,
     utcnow,
 )
 from core.errors import JobSuperseded
@@ -63,7 +65,8 @@ def create_job(
 def new_job(
     *, job_id: str, spec: JobSpec | dict[str, Any], owner: str | None, idempotency_key: str | None
 ) -> Job:
-    """A queued job, not yet in any session (create_job, or insert_jobs for many)."""
+    """A queued job, not yet in any session (create_job, or insert_jobs for many). Its
+    enqueued_at is the database's clock at the insert (the column's default)."""
     return Job(
         id=job_id,
         owner=owner,
@@ -75,7 +78,6 @@ def new_job(
         attempt=0,
         preemptions=0,
         queue_entry=job_id,
-        enqueued_at=utcnow(),
         progress_step=0,
         progress_epoch=0,
         cancel_requested=False,
@@ -136,8 +138,8 @@ def claim_job(s: Session, *, job_id: str, worker: str, device: str) -> Job | Non
             attempt=Job.attempt + 1,
             worker=worker,
             device=device,
-            started_at=utcnow(),
-            heartbeat_at=utcnow(),
+            started_at=db_now(),
+            heartbeat_at=db_now(),
         )
     )
     if res.rowcount == 0:  # type: ignore[attr-defined]
@@ -149,12 +151,15 @@ def claim_job(s: Session, *, job_id: str, worker: str, device: str) -> Job | Non
 
 
 def _fence(s: Session, job_id: str, attempt: int, **values: Any) -> None:
-    """Every write of a running attempt goes through here: it proves the attempt still owns
-    the job (and beats its heartbeat), or raises JobSuperseded."""
+    """Every write of a running attempt goes through here, first: it proves the attempt
+    still owns the job (and beats its heartbeat), or raises JobSuperseded. Being first, it
+    takes the job row's lock (PostgreSQL; on SQLite the transaction holds the write lock
+    from BEGIN IMMEDIATE): a reconciler's requeue or end of the job waits for the commit,
+    then checks the heartbeat again."""
     res = s.execute(
         update(Job)
         .where(Job.id == job_id, Job.attempt == attempt, Job.status == JobStatus.running)
-        .values(heartbeat_at=utcnow(), **values)
+        .values(heartbeat_at=db_now(), **values)
     )
     if res.rowcount == 0:  # type: ignore[attr-defined]
         raise JobSuperseded(f"attempt {attempt} of job {job_id} no longer owns it")
@@ -165,6 +170,17 @@ def heartbeat(s: Session, *, job_id: str, attempt: int) -> bool:
     away)."""
     _fence(s, job_id, attempt)
     return bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+
+
+def record_stop_request(s: Session, *, job_id: str, attempt: int) -> None:
+    """The attempt's worker was asked to stop (core.reconcile counts its loss, should it
+    die before it hands the job back, as a preemption). Not a heartbeat: a stalled attempt
+    stays silent."""
+    s.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.attempt == attempt, Job.status == JobStatus.running)
+        .values(stop_requested_attempt=attempt)
+    )
 
 
 def set_total_steps(s: Session, *, job_id: str, attempt: int, total_steps: int) -> None:
@@ -191,6 +207,11 @@ def save_epoch(
     if checkpoint is not None:
         s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
         s.add(Checkpoint(job_id=job_id, epoch=epoch.epoch, step=epoch.step, data=checkpoint))
+    s.flush()
+    # A big checkpoint on a slow disk may take longer than the heartbeat timeout, while the
+    # heartbeat thread waits for the lock this transaction holds: beat again at the end, so
+    # that a reconciler waiting on the lock finds the attempt alive.
+    _fence(s, job_id, attempt)
 
 
 def save_steps(s: Session, *, job_id: str, attempt: int, steps: Sequence[StepMetrics]) -> None:
@@ -229,7 +250,7 @@ def succeed_job(
             status=JobStatus.succeeded,
             result=result,
             record=record,
-            finished_at=utcnow(),
+            finished_at=db_now(),
             error_code=None,
             error_message=None,
         )
@@ -251,7 +272,7 @@ def end_job(
     message: str | None = None,
     from_statuses: Sequence[JobStatus] = (JobStatus.queued, JobStatus.running),
     attempt: int | None = None,
-    silent_since: dt.datetime | None = None,
+    silent_since: DbTime | None = None,
 ) -> bool:
     """Move a job to a terminal status unless it already is in one (or, with `attempt`,
     unless another attempt owns it now; with `silent_since`, unless it beat since then: a
@@ -264,29 +285,43 @@ def end_job(
     if silent_since is not None:
         q = q.where(Job.heartbeat_at < silent_since)
     res = s.execute(
-        q.values(status=status, error_code=code, error_message=message, finished_at=utcnow())
+        q.values(status=status, error_code=code, error_message=message, finished_at=db_now())
     )
     return bool(res.rowcount)  # type: ignore[attr-defined]
 
 
-def lost_jobs(s: Session, *, silent_since: dt.datetime) -> Sequence[Job]:
-    """Running jobs whose training loop has not written a heartbeat since `silent_since`."""
+def lost_jobs(s: Session, *, silent_since: DbTime) -> Sequence[Job]:
+    """Running jobs whose training loop has not written a heartbeat since `silent_since`
+    (the reconciler's: db_ago(heartbeat timeout))."""
     return s.scalars(
         select(Job).where(Job.status == JobStatus.running, Job.heartbeat_at < silent_since)
     ).all()
 
 
 def requeue_job(
-    s: Session, *, job_id: str, attempt: int, queue_entry: str, silent_since: dt.datetime
+    s: Session,
+    *,
+    job_id: str,
+    attempt: int,
+    queue_entry: str,
+    silent_since: DbTime,
+    preempted: bool = False,
 ) -> bool:
     """A lost attempt's job goes back to queued (it resumes from its last checkpoint). Only
     one reconciler wins: the update is guarded by the attempt it saw, and by the attempt
-    still being silent since `silent_since` (one that beat after the read is alive)."""
+    still being silent since `silent_since` (one that beat after the read is alive).
+    `preempted`: its worker had been asked to stop, so the loss counts as a preemption."""
     res = s.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.running, Job.attempt == attempt)
         .where(Job.heartbeat_at < silent_since)
-        .values(status=JobStatus.queued, worker=None, queue_entry=queue_entry, enqueued_at=utcnow())
+        .values(
+            status=JobStatus.queued,
+            worker=None,
+            queue_entry=queue_entry,
+            enqueued_at=db_now(),
+            preemptions=Job.preemptions + int(preempted),
+        )
     )
     return bool(res.rowcount)  # type: ignore[attr-defined]
 
@@ -312,7 +347,7 @@ def preempt_job(
             status=JobStatus.queued,
             worker=None,
             queue_entry=queue_entry,
-            enqueued_at=utcnow(),
+            enqueued_at=db_now(),
             preemptions=Job.preemptions + 1,
             progress_step=step,
         )
@@ -325,7 +360,7 @@ def preempt_job(
     return True
 
 
-def stale_queued_jobs(s: Session, *, enqueued_before: dt.datetime) -> Sequence[Job]:
+def stale_queued_jobs(s: Session, *, enqueued_before: DbTime) -> Sequence[Job]:
     return s.scalars(
         select(Job).where(Job.status == JobStatus.queued, Job.enqueued_at < enqueued_before)
     ).all()
@@ -335,7 +370,7 @@ def set_queue_entry(s: Session, *, job_id: str, queue_entry: str, seen: str | No
     res = s.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.queued, Job.queue_entry == seen)
-        .values(queue_entry=queue_entry, enqueued_at=utcnow())
+        .values(queue_entry=queue_entry, enqueued_at=db_now())
     )
     return bool(res.rowcount)  # type: ignore[attr-defined]
 

@@ -7,10 +7,14 @@ The database keeps the full history; Redis may lose or expire the stream.
 
 Every write goes through one Lua script (one atomic round trip), fenced by attempt: a key
 beside the stream holds the attempt that last started, and a write of an earlier attempt
-is refused. Writing an entry twice is harmless (a batch whose reply was lost, sent again):
-entries not above the stream's last id are skipped. Nothing is written after the end, and
-the end is keyed at or above the stream's last step, so it is always accepted. Every key of
-a job expires: a week after its last write, a day after it ended."""
+is refused. A missing fence (Redis restarted empty, or the key evicted) is never taken as
+permission: the worker's publisher then proves in the database that its attempt still owns
+the job before it sets the fence again (only ever raising it); only a caller holding the
+database's word already (the end of a job, just decided there) writes without one.
+Writing an entry twice is harmless (a batch whose reply was lost, sent again): entries not
+above the stream's last id are skipped. Nothing is written after the end, and the end is
+keyed at or above the stream's last step, so it is always accepted. Every key of a job
+expires: a week after its last write, a day after it ended."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from enum import Enum
 from itertools import islice
@@ -52,14 +56,20 @@ class Outcome(Enum):
     WRITTEN = "written"  # every entry is in the stream now (added, or there already)
     SUPERSEDED = "superseded"  # a later attempt started: nothing of this one is written
     ENDED = "ended"  # the stream already holds its end: nothing more is written
+    UNFENCED = "unfenced"  # no fence: nothing is written until the writer proves it owns the job
 
+
+# The job row's attempt and status, read from the database when it is asked (None: no row).
+RowState = Callable[[], tuple[int, JobStatus] | None]
 
 # KEYS: stream, attempt, cancel. ARGV: attempt, maxlen (0: no trim), live TTL ms, ended
-# TTL ms, then (id, data) pairs in id order.
+# TTL ms, vouched ("1": a missing fence counts as 0), then (id, data) pairs in id order.
 _WRITE_LUA = """
 local stream, attempt_key, cancel_key = KEYS[1], KEYS[2], KEYS[3]
 local attempt, maxlen = tonumber(ARGV[1]), ARGV[2]
-local current = tonumber(redis.call('GET', attempt_key) or '0')
+local fence = redis.call('GET', attempt_key)
+if not fence and ARGV[5] ~= '1' then return -3 end
+local current = tonumber(fence or '0')
 if attempt < current then return -1 end
 local function parse(id)
   local step, seq = string.match(id, '^(%d+)-(%d)$')
@@ -74,7 +84,7 @@ if redis.call('EXISTS', stream) == 1 then
 end
 if last_seq == 3 then return -2 end
 local added, ended = 0, false
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   local step, seq = parse(ARGV[i])
   if seq == 2 and attempt > current then
     -- a new attempt resumes after `step`: what an earlier one wrote past it goes
@@ -108,6 +118,17 @@ redis.call('PEXPIRE', stream, ttl)
 redis.call('PEXPIRE', attempt_key, ttl)
 if ended then redis.call('PEXPIRE', cancel_key, ttl) end
 return added
+"""
+
+# KEYS: attempt. ARGV: attempt, TTL ms. The fence only ever rises; returns the fence now.
+_RAISE_LUA = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local attempt = tonumber(ARGV[1])
+if attempt > current then
+  redis.call('SET', KEYS[1], attempt, 'PX', ARGV[2])
+  return attempt
+end
+return current
 """
 
 
@@ -157,15 +178,33 @@ def status_entry(step: int, payload: dict[str, Any]) -> Pending:
 
 
 def write(
-    r: Redis, job_id: str, attempt: int, entries: Sequence[Pending], maxlen: int = 0
+    r: Redis,
+    job_id: str,
+    attempt: int,
+    entries: Sequence[Pending],
+    maxlen: int = 0,
+    *,
+    vouched: bool = True,
 ) -> Outcome:
-    """One atomic round trip: `entries` (in id order) as attempt `attempt` writes them."""
+    """One atomic round trip: `entries` (in id order) as attempt `attempt` writes them.
+    `vouched`: the caller holds the database's word for this attempt (it just claimed the
+    job, or the job just ended there), so a missing fence counts as none; otherwise a
+    missing fence refuses the write (UNFENCED)."""
     script = r.register_script(_WRITE_LUA)
-    args: list[str | int] = [attempt, maxlen, LIVE_TTL_S * 1000, FINISHED_TTL_S * 1000]
+    ttls = [LIVE_TTL_S * 1000, FINISHED_TTL_S * 1000]
+    args: list[str | int] = [attempt, maxlen, *ttls, 1 if vouched else 0]
     for entry_id, data in entries:
         args += [entry_id, data]
     added: Any = script(keys=job_keys(job_id), args=args)
-    return {-1: Outcome.SUPERSEDED, -2: Outcome.ENDED}.get(int(added), Outcome.WRITTEN)
+    codes = {-1: Outcome.SUPERSEDED, -2: Outcome.ENDED, -3: Outcome.UNFENCED}
+    return codes.get(int(added), Outcome.WRITTEN)
+
+
+def raise_fence(r: Redis, job_id: str, attempt: int) -> int:
+    """Set the fence to `attempt` unless it is higher already; the fence as it is now."""
+    script = r.register_script(_RAISE_LUA)
+    now: Any = script(keys=[attempt_key(job_id)], args=[attempt, LIVE_TTL_S * 1000])
+    return int(now)
 
 
 def publish_steps(
@@ -181,7 +220,8 @@ def publish_epoch(r: Redis, job_id: str, m: EpochMetrics, *, attempt: int) -> Ou
 def publish_status(
     r: Redis, job_id: str, step: int, payload: dict[str, Any], *, attempt: int
 ) -> Outcome:
-    """A status change after `step`. A start removes what earlier attempts wrote past
+    """A status change after `step`, vouched for by the caller (a start just claimed, an end
+    just decided in the database). A start removes what earlier attempts wrote past
     `step`, so every step stays in the stream exactly once; an end is keyed at the
     stream's last step if that is higher, and closes the stream."""
     return write(r, job_id, attempt, [status_entry(step, payload)])
@@ -193,13 +233,18 @@ class Publisher:
     while Redis is away. A failed write keeps the queue and backs off (Redis is not asked
     again for 1 s, doubling to 15 s), so an outage costs the training loop no time. The
     queue is bounded by the stream's own MAXLEN: older points would be trimmed anyway,
-    and the database has every step."""
+    and the database has every step.
 
-    def __init__(self, r: Redis, job_id: str, attempt: int, maxlen: int) -> None:
+    Its writes never vouch for themselves: where the fence is missing, `row` (the job row,
+    read from the database) must show this attempt running, or ended with its end still
+    to send, before the fence is raised to it again; otherwise the attempt is superseded."""
+
+    def __init__(self, r: Redis, job_id: str, attempt: int, maxlen: int, row: RowState) -> None:
         self.r = r
         self.job_id = job_id
         self.attempt = attempt
         self.maxlen = maxlen
+        self.row = row
         self.waiting: deque[Pending] = deque()
         self.stopped: Outcome | None = None  # superseded or ended: nothing more to write
         self.retry_at = 0.0
@@ -232,24 +277,49 @@ class Publisher:
         try:
             while self.waiting:
                 batch = list(islice(self.waiting, WRITE_BATCH))
-                outcome = write(self.r, self.job_id, self.attempt, batch, self.maxlen)
+                outcome = self._write(batch)
                 if outcome is not Outcome.WRITTEN:
                     self._stop(outcome)
                     return False
                 for _ in batch:
                     self.waiting.popleft()
-        except RedisError as e:
+        except (RedisError, _Unproven) as e:
             self.failed(e)
             return False
         self.backoff_s = 0.0
         return True
 
-    def failed(self, e: RedisError) -> None:
-        """Redis failed a call: leave it alone for a while."""
+    def _write(self, batch: list[Pending]) -> Outcome:
+        outcome = write(self.r, self.job_id, self.attempt, batch, self.maxlen, vouched=False)
+        if outcome is not Outcome.UNFENCED:
+            return outcome
+        if not self._owns():
+            return Outcome.SUPERSEDED
+        raise_fence(self.r, self.job_id, self.attempt)
+        outcome = write(self.r, self.job_id, self.attempt, batch, self.maxlen, vouched=False)
+        if outcome is Outcome.UNFENCED:  # emptied again meanwhile: try later, proving again
+            raise _Unproven("the fence went missing again")
+        return outcome
+
+    def _owns(self) -> bool:
+        """Whether the database says this attempt owns its job (for an end: that the job
+        ended with this attempt's end still to send)."""
+        try:
+            state = self.row()
+        except Exception as e:  # whatever the database raised: it could not tell, yet
+            raise _Unproven(f"the database could not say who owns the job: {e}") from e
+        if state is None or state[0] != self.attempt:
+            return False
+        status = state[1]
+        ending = any(seq_of(entry_id) == END for entry_id, _ in self.waiting)
+        return status is JobStatus.running or (status.terminal and ending)
+
+    def failed(self, e: Exception) -> None:
+        """Redis failed a call (or ownership could not be proved): leave it alone a while."""
         self.backoff_s = min(max(self.backoff_s * 2, BACKOFF_FIRST_S), BACKOFF_MAX_S)
         self.retry_at = time.monotonic() + self.backoff_s
         log.warning(
-            "job %s: Redis unavailable (%s); %d entries wait, next try in %.0f s",
+            "job %s: stream not written (%s); %d entries wait, next try in %.0f s",
             self.job_id,
             e,
             len(self.waiting),
@@ -276,6 +346,10 @@ class Publisher:
         except RedisError as e:
             self.failed(e)
             return False
+
+
+class _Unproven(Exception):
+    """The fence is missing and the database could not (yet) say who owns the job."""
 
 
 def parse_entries(raw: Any) -> list[Entry]:

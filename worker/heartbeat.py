@@ -7,7 +7,11 @@ export), however long each takes. The trainer still decides whether it lives: ev
 block and every piece of step-free work calls `touch`, and once nothing has touched it for
 `stall_timeout_s` the thread stops beating, so that the reconciler declares a hung attempt
 lost (within stall_timeout_s + heartbeat_timeout_s + reconcile_interval_s). A stopped
-process (SIGSTOP, a dead host) stops its thread with it."""
+process (SIGSTOP, a dead host) stops its thread with it.
+
+The thread also writes a stop request (SIGTERM) into the job row as soon as it arrives,
+whatever the trainer is doing: should the launcher's SIGKILL come before the attempt could
+hand its job back at a step, the reconciler counts the loss as a preemption."""
 
 from __future__ import annotations
 
@@ -15,27 +19,39 @@ import contextvars
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from core.db import Database
 from core.errors import JobSuperseded
-from core.store import heartbeat
+from core.store import heartbeat, record_stop_request
 
 log = logging.getLogger("trainq.worker")
+STOP_POLL_S = 0.2  # how soon a stop request reaches the database (SIGKILL follows in ~10 s)
 
 
 class Heartbeat:
     """Beats for one attempt between `start` and `stop`. The main thread reads
     `cancel_requested` (the database's word, for when Redis is away) and `superseded` (the
-    attempt no longer owns the job: stop it)."""
+    attempt no longer owns the job: stop it). `stop_asked` says whether the worker was asked
+    to stop: a flag that a signal handler sets, read here."""
 
     def __init__(
-        self, db: Database, *, job_id: str, attempt: int, every_s: float, stall_timeout_s: float
+        self,
+        db: Database,
+        *,
+        job_id: str,
+        attempt: int,
+        every_s: float,
+        stall_timeout_s: float,
+        stop_asked: Callable[[], bool] = lambda: False,
     ) -> None:
         self.db = db
         self.job_id = job_id
         self.attempt = attempt
         self.every_s = every_s
         self.stall_timeout_s = stall_timeout_s
+        self.stop_asked = stop_asked
+        self.stop_recorded = False
         self.cancel_requested = False
         self.superseded = False
         self.progress_at = time.monotonic()
@@ -61,7 +77,13 @@ class Heartbeat:
 
     def _beat_until_stopped(self) -> None:
         stalled = False
-        while not self._stopping.wait(self.every_s):
+        due = time.monotonic() + self.every_s
+        while not self._stopping.wait(min(self.every_s, STOP_POLL_S)):
+            if self.stop_asked() and not self.stop_recorded:
+                self._record_stop_request()
+            if time.monotonic() < due:
+                continue
+            due = time.monotonic() + self.every_s
             idle = time.monotonic() - self.progress_at
             if idle > self.stall_timeout_s:
                 if not stalled:
@@ -90,3 +112,14 @@ class Heartbeat:
         except Exception as e:  # the thread must outlive any one failed write
             log.warning("job %s: heartbeat skipped (%s); trying again", self.job_id, e)
         return True
+
+    def _record_stop_request(self) -> None:
+        """Written once; a write that fails is tried again at the next poll."""
+        try:
+            with self.db.session() as s:
+                record_stop_request(s, job_id=self.job_id, attempt=self.attempt)
+        except Exception as e:  # the thread must outlive any one failed write
+            log.warning("job %s: stop request not recorded yet (%s)", self.job_id, e)
+            return
+        self.stop_recorded = True
+        log.info("job %s: attempt %d was asked to stop", self.job_id, self.attempt)

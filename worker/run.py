@@ -12,21 +12,34 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
 import torchvision  # noqa: F401
+from redis import Redis
 from rq import Queue, Worker
-from rq.exceptions import InvalidJobOperation
-from rq.job import Job
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.intermediate_queue import IntermediateQueue
+from rq.job import Job, parse_job_id, validate_job_id
 from rq.job_lifecycle import record_job_failure
 from rq.serializers import JSONSerializer
 
 import worker.tasks  # the job function and all it imports, ready in each fork
 from core.config import Settings
 from core.logs import configure_json_logging
-from core.queue import FAILURE_TTL_S, TASK, QueueEntry, contract_violation
+from core.queue import (
+    FAILURE_TTL_S,
+    MAX_FIELD_BYTES,
+    MAX_PAYLOAD_BYTES,
+    RESULT_TTL_S,
+    TASK,
+    QueueEntry,
+    UnreadableEntry,
+    contract_violation,
+    inflate,
+    read_entry,
+)
 from core.redis_server import READ_TIMEOUT_S, connect, use_read_timeout
 
 log = logging.getLogger("trainq.worker")
@@ -36,7 +49,56 @@ class TrainqJob(Job):
     """A queue entry as a trainq worker holds it: whatever names it carries, it calls
     worker.tasks.train and nothing else, imports no callback and calls no webhook. RQ would
     otherwise import and call a producer's failure callback even while it cleans up an
-    abandoned entry, outside any job this worker chose to run."""
+    abandoned entry, outside any job this worker chose to run.
+
+    It reads an entry only within the bounds of core.queue, and drops one it cannot read
+    (UnreadableEntry, a NoSuchJobError): RQ's dequeue then takes the next entry, and RQ's
+    maintenance drops the id from its lists, as for an entry that is gone."""
+
+    @classmethod
+    def fetch(cls, id: str, connection: Redis | None = None, serializer: Any = None) -> TrainqJob:
+        if connection is None:
+            raise TypeError("a trainq worker fetches entries through its own connection")
+        name = id  # until RQ's job id is read out of it
+        try:
+            job = cls(_job_id(id), connection=connection, serializer=serializer)
+            name = job.id
+            job.refresh()
+        except UnreadableEntry as e:
+            drop_entry(connection, name, str(e))
+            raise
+        return job
+
+    def refresh(self) -> None:
+        fields = read_entry(self.connection, self.key)
+        if not fields:
+            raise NoSuchJobError(f"No such job: {self.key}")
+        try:
+            self.restore(fields)
+        except UnreadableEntry:
+            raise
+        except Exception as e:  # restore parses a producer's bytes: any failure is theirs
+            raise UnreadableEntry(f"RQ cannot restore it: {type(e).__name__}: {e}"[:300]) from e
+
+    def restore(self, raw_data: dict[bytes, bytes]) -> None:
+        """RQ's restore, but RQ inflates `data` and `exc_info` whole: here neither inflates
+        past its bound."""
+        fields = dict(raw_data)
+        if len(inflate(fields.get(b"exc_info", b""), MAX_FIELD_BYTES)) > MAX_FIELD_BYTES:
+            raise UnreadableEntry(f"its exc_info inflates past {MAX_FIELD_BYTES} bytes")
+        payload = inflate(fields.get(b"data", b""), MAX_PAYLOAD_BYTES)
+        oversized = len(payload) > MAX_PAYLOAD_BYTES
+        if oversized:
+            fields[b"data"] = b""  # not zlib: RQ takes it as it is and inflates nothing
+        super().restore(fields)
+        if oversized:
+            self.data = payload  # cut one byte past the bound: the contract refuses it
+        # The worker's own, not the entry's (timeout too: TrainqWorker.execute_job). RQ
+        # writes its defaults (a 180 s timeout) into every entry enqueued without them, so
+        # refusing other values would turn away the documented producer, and how long a GPU
+        # and Redis hold a job is the host's to decide. `ttl` is left: it bounds only the
+        # wait on the queue, and RQ persists an entry's key once it starts.
+        self.result_ttl, self.failure_ttl = RESULT_TTL_S, FAILURE_TTL_S
 
     @property
     def func(self) -> Callable[..., Any]:
@@ -60,6 +122,61 @@ class TrainqJob(Job):
         return None
 
 
+def _job_id(entry: str) -> str:
+    """The job id RQ reads out of an entry id, when RQ names jobs so."""
+    try:
+        job_id = parse_job_id(entry)
+        validate_job_id(job_id)
+    except (TypeError, ValueError) as e:
+        raise UnreadableEntry(f"its id names no RQ job: {e}") from e
+    return job_id
+
+
+def drop_entry(r: Redis, entry: str | bytes, reason: str) -> None:
+    """An entry RQ cannot restore cannot be failed in RQ either: its hash is deleted, so that
+    no worker meets it again, and the log names it."""
+    log.error("dropped queue entry %.100r: %s", entry, reason)
+    raw = entry if isinstance(entry, bytes) else entry.encode()
+    r.delete(Job.redis_job_namespace_prefix.encode() + raw)
+
+
+def _id_problem(raw: bytes) -> str | None:
+    """Why RQ could not look up the entry of a popped id, or None."""
+    try:
+        _job_id(raw.decode())
+    except UnicodeDecodeError:
+        return "its id is not UTF-8"
+    except UnreadableEntry as e:
+        return str(e)
+    return None
+
+
+class TrainqQueue(Queue):
+    """RQ's queue, popping on past an id that RQ names no job by: RQ would raise on it
+    inside the worker's dequeue (a decode, or Job's id check), before it reads any entry."""
+
+    @classmethod
+    def lmove(cls, connection: Redis, queue_key: str, timeout: int | None) -> Any:
+        while True:
+            popped = super().lmove(connection, queue_key, timeout)
+            problem = None if popped is None else _id_problem(popped[1])
+            if problem is None:
+                return popped
+            connection.lrem(IntermediateQueue.get_intermediate_queue_key(queue_key), 1, popped[1])
+            drop_entry(connection, popped[1], problem)
+
+    @classmethod
+    def lpop(
+        cls, queue_keys: Sequence[str], timeout: int | None, connection: Redis | None = None
+    ) -> Any:
+        while True:
+            popped = super().lpop(queue_keys, timeout, connection=connection)
+            problem = None if popped is None else _id_problem(popped[1])
+            if problem is None or connection is None:
+                return popped
+            drop_entry(connection, popped[1], problem)
+
+
 def queue_entry(job: Job) -> QueueEntry:
     """What the producer stored, read without deserialising or importing any of it (the
     callback properties would import the callbacks; RQ has no public name for them)."""
@@ -79,9 +196,14 @@ class TrainqWorker(Worker):
     """RQ's forking worker, for trainq's one job function: it runs only entries that keep
     the queue contract (core.queue)."""
 
+    def __init__(self, *args: Any, job_timeout_s: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.job_timeout_s = job_timeout_s
+
     def execute_job(self, job: Job, queue: Queue) -> None:
         reason = contract_violation(queue_entry(job))
         if reason is None:
+            job.timeout = self.job_timeout_s  # the worker's own, as the TTLs (TrainqJob.restore)
             super().execute_job(job, queue)
         else:
             self.refuse(job, queue, reason)
@@ -90,7 +212,6 @@ class TrainqWorker(Worker):
         """Fail the entry in RQ (its FailedJobRegistry, with the reason) without forking:
         nothing of it runs and no trainq job row is made."""
         log.error("refused queue entry %s: %s", job.id, reason)
-        job.failure_ttl = FAILURE_TTL_S  # not the producer's: it could keep the entry forever
         with self.connection.pipeline() as p:
             record_job_failure(job, f"refused by trainq: {reason}", p)
             p.lrem(queue.intermediate_queue_key, 1, job.id)  # RQ's dequeue parked it there
@@ -123,7 +244,8 @@ def main() -> None:
     args = p.parse_args()
     # From the environment, not the command line: the URL may hold a password, and every
     # user of the host can read a command line.
-    url = Settings().redis_url
+    settings = Settings()
+    url = settings.redis_url
     if not url:
         p.error("TRAINQ_REDIS_URL is not set (trainq worker sets it)")
     configure_json_logging(logging.INFO)
@@ -134,7 +256,9 @@ def main() -> None:
         connection=r,
         serializer=JSONSerializer,
         job_class=TrainqJob,  # its queue and registries, maintenance included, hold these
+        queue_class=TrainqQueue,
         job_monitoring_interval=5,
+        job_timeout_s=settings.job_timeout_s,
     )
     worker.work(burst=args.burst, logging_level="INFO", with_scheduler=False)
 

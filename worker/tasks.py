@@ -161,6 +161,7 @@ def _run(
     )
     callbacks = sink.callbacks()
     callbacks.should_preempt = preemption.asked
+    sink.heart.stop_asked = preemption.asked  # into the job row at once, between steps or not
     try:
         sink.heart.start()
         place_dataset(db, settings.data_dir, spec.dataset)
@@ -238,8 +239,11 @@ def _unexpected(e: Exception) -> TrainqError:
 class _Preemption:
     """The work horse's SIGTERM, which worker.run sends it on a warm shutdown (docker stop, a
     spot reclaim, a node drain): the running attempt stops at its next step and hands the
-    job back. RQ sets SIGTERM to its default (death) in a fresh work horse; this handler
-    holds for the job function's run, and the one it replaced comes back after."""
+    job back. Outside the step loop (placing the data set, evaluation, export) there may be
+    no next step before the launcher's SIGKILL; the heartbeat thread records the request in
+    the job row, so that the reconciler counts that loss as a preemption. RQ sets SIGTERM to
+    its default (death) in a fresh work horse; this handler holds for the job function's
+    run, and the one it replaced comes back after."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -367,15 +371,26 @@ def _fail(
     status = JobStatus.canceled if isinstance(e, TrainingStopped) else JobStatus.failed
     with db.session() as s:
         end_job(s, job_id=job_id, status=status, code=e.code, message=e.message, attempt=attempt)
-    final = _status_of(db, job_id)
+    row = job_row(db, job_id)
+    final = row[1] if row else JobStatus.failed
     error = {"code": e.code, "message": e.message}
     try:
-        if final.terminal:  # not when a later attempt owns the job now
+        # Only this attempt's own end (or that of a job no attempt ran): the write vouches
+        # for itself, so a superseded attempt must not make it where the fence is missing.
+        if final.terminal and row and row[0] == (attempt or 0):
             publish_status(r, job_id, step, {"status": final, "error": error}, attempt=attempt or 0)
     except RedisError as re:
         log.warning("job %s: could not publish its end: %s", job_id, re)
     log.info("job %s ended %s: %s", job_id, final, e.message)
     return {"status": final, "error": error}
+
+
+def job_row(db: Database, job_id: str) -> tuple[int, JobStatus] | None:
+    """The job row's attempt and status now: what proves an attempt's ownership where the
+    stream's fence went missing (core.stream.Publisher)."""
+    with db.readers() as s:
+        job = get_job(s, job_id=job_id)
+        return (job.attempt, JobStatus(job.status)) if job else None
 
 
 def _status_of(db: Database, job_id: str) -> JobStatus:
@@ -408,7 +423,9 @@ class _Sink:
         self.batch_size = batch_size
         self.db = db
         self.r = r
-        self.stream = Publisher(r, job_id, attempt, settings.metrics_maxlen)
+        self.stream = Publisher(
+            r, job_id, attempt, settings.metrics_maxlen, row=lambda: job_row(db, job_id)
+        )
         self.heart = Heartbeat(
             db,
             job_id=job_id,

@@ -20,9 +20,10 @@ from sqlalchemy.orm import Session
 
 from api.auth import Caller
 from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, run_read
+from api.errors import RETRY_AFTER_S
 from api.events import event_stream
-from api.schemas import METRIC_FIELDS, EpochOut, JobOut, JobPage, MetricPage, Problem
-from api.submissions import Submitter
+from api.schemas import MAX_STEP, METRIC_FIELDS, EpochOut, JobOut, JobPage, MetricPage, Problem
+from api.submissions import OutcomeUnknown, Submitter
 from core.db import Database, Job, JobStatus, as_utc
 from core.spec import JobSpec, user_dataset_id
 from core.store import (
@@ -48,7 +49,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 JobId = Annotated[uuid.UUID, "a job id"]
 
 
-def job_out(job: Job, r: Redis | None = None) -> JobOut:
+def job_out(job: Job, caller: Caller, r: Redis | None = None) -> JobOut:
     step = job.progress_step
     if r is not None and job.status == JobStatus.running:
         step = max(step, latest_step(r, job.id))
@@ -62,7 +63,8 @@ def job_out(job: Job, r: Redis | None = None) -> JobOut:
             "started_at": as_utc(job.started_at),
             "finished_at": as_utc(job.finished_at),
             "attempt": job.attempt,
-            "worker": job.worker,
+            # A worker's name carries its host's: a thing for admins, not for every key.
+            "worker": job.worker if caller.admin else None,
             "device": job.device,
             "progress": {
                 "step": step,
@@ -127,11 +129,16 @@ async def submit_job(
     if user_dataset_id(spec.dataset) is not None:
         await run_in_threadpool(_check_dataset, request.app.state.db, caller, spec)
     submitter: Submitter = request.app.state.submitter
-    job, created = await submitter.submit(spec, owner=caller.owner, idempotency_key=idempotency_key)
+    try:
+        job, created = await submitter.submit(
+            spec, owner=caller.owner, idempotency_key=idempotency_key
+        )
+    except OutcomeUnknown as e:
+        raise HTTPException(503, detail=str(e), headers={"Retry-After": RETRY_AFTER_S}) from e
     if not created:
-        return await run_in_threadpool(_replay, job, spec, request.app.state.redis)
+        return await run_in_threadpool(_replay, job, spec, caller, request.app.state.redis)
     response.headers["Location"] = f"/jobs/{job.id}"
-    return job_out(job)
+    return job_out(job, caller)
 
 
 def _check_dataset(db: Database, caller: Caller, spec: JobSpec) -> None:
@@ -153,7 +160,7 @@ def _check_dataset(db: Database, caller: Caller, spec: JobSpec) -> None:
         raise HTTPException(422, detail=[problem])
 
 
-def _replay(existing: Job, spec: JobSpec, r: Redis) -> JSONResponse:
+def _replay(existing: Job, spec: JobSpec, caller: Caller, r: Redis) -> JSONResponse:
     if existing.request_hash != spec_hash(spec):
         raise HTTPException(
             409,
@@ -161,7 +168,7 @@ def _replay(existing: Job, spec: JobSpec, r: Redis) -> JSONResponse:
             "use a new key for a new job",
         )
     return JSONResponse(
-        job_out(existing, r).model_dump(mode="json"),
+        job_out(existing, caller, r).model_dump(mode="json"),
         status_code=200,
         headers={"Location": f"/jobs/{existing.id}"},
     )
@@ -186,7 +193,7 @@ def get_jobs(
     )
     page = list(jobs[:limit])
     nxt = _encode_cursor(page[-1]) if len(jobs) > limit else None
-    return JobPage(items=[job_out(j) for j in page], next=nxt)
+    return JobPage(items=[job_out(j, caller) for j in page], next=nxt)
 
 
 def _encode_cursor(job: Job) -> str:
@@ -211,7 +218,7 @@ def _decode_cursor(cursor: str) -> tuple[str, str]:
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="One job")
 def get_one(job_id: JobId, session: ReaderDep, r: RedisDep, caller: CallerDep) -> JobOut:
-    return job_out(visible_job(session, caller, job_id), r)
+    return job_out(visible_job(session, caller, job_id), caller, r)
 
 
 @router.get(
@@ -228,7 +235,7 @@ async def get_metrics(
     request: Request,
     ar: AsyncRedisDep,
     caller: CallerDep,
-    after: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_STEP)] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> Response:
     # The most polled route: plain rows instead of ORM objects, and the page serialised once.
@@ -321,7 +328,7 @@ def cancel(job_id: JobId, session: SessionDep, r: RedisDep, caller: CallerDep) -
         _announce_cancel(r, job, outcome)
     except RedisError as e:
         log.warning("job %s: canceled, but Redis was not told: %s", job.id, e)
-    return job_out(job)
+    return job_out(job, caller)
 
 
 def _announce_cancel(r: Redis, job: Job, outcome: JobStatus) -> None:

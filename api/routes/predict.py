@@ -402,6 +402,7 @@ def _images_from_json(body: bytes, shape: tuple[int, int, int], invert: bool) ->
 
     allowed = json_images_allowed(shape)
     _check_json_counts(body, shape, allowed)
+    _check_json_keys(body)
     images = _json_images(body, allowed, shape)
     planes, errors = _stacked(images, shape)
     if errors:
@@ -432,6 +433,24 @@ def _check_json_counts(body: bytes, shape: tuple[int, int, int], allowed: int) -
             413,
             detail=f"the JSON body holds more arrays or values than {allowed} images of "
             f"{c}×{h}×{w} do: send fewer images, or PNG files",
+        )
+
+
+def _check_json_keys(body: bytes) -> None:
+    """One 422 for a body with more keys than MAX_ERRORS, before it is parsed: a valid body
+    has one colon (after "images") and no other string, so every further colon is an
+    extra key or a string, each of which would cost an object when parsed, and an error."""
+    keys = body.count(b":")
+    if keys > MAX_ERRORS:
+        raise _invalid(
+            [
+                _problem(
+                    "extra_forbidden",
+                    ("body",),
+                    f"the body holds {keys} keys (':'): send one object with the one key "
+                    '"images", a list of arrays of numbers',
+                )
+            ]
         )
 
 

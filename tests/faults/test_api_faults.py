@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -190,3 +191,49 @@ def test_the_api_reconciles_when_no_worker_is_left(svc: Service) -> None:
         lambda: c.job(job["id"])["status"] == "failed", 60, "the API's reconciler to end it", 0.2
     )
     assert c.job(job["id"])["error"]["code"] == "worker_lost"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from postgres_database()
+
+
+@pytest.fixture
+def pg_wired(
+    tmp_path: Path, data_dir: Path, pg_url: str, redis: RedisServer
+) -> Iterator[tuple[Service, WireProxy]]:
+    """The API talks to PostgreSQL through a wire proxy; migrations and workers directly.
+    The API's own reconciler stays out of the way: only the submission commits."""
+    where = urlsplit(pg_url)
+    proxy = WireProxy(where.port or 5432).start()
+    service = _service(tmp_path, data_dir, pg_url, redis)
+    service.migrate()
+    service.database_url = pg_url.replace(where.netloc, f"{where.username}@127.0.0.1:{proxy.port}")
+    service.extra_env["TRAINQ_RECONCILE_INTERVAL_S"] = "3600"
+    service.start_api()
+    service.database_url = pg_url
+    service.extra_env["TRAINQ_RECONCILE_INTERVAL_S"] = FAST["TRAINQ_RECONCILE_INTERVAL_S"]
+    yield service, proxy
+    service.stop()
+    proxy.close()
+
+
+COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # psycopg's COMMIT, a simple query message
+
+
+def test_a_lost_reply_of_the_commit_answers_with_the_job_that_was_made(
+    pg_wired: tuple[Service, WireProxy],
+) -> None:
+    svc, proxy = pg_wired
+    proxy.drop_reply(COMMIT, 1)  # the commit runs on the server; its reply never comes
+    r = httpx.post(
+        f"{svc.url}/jobs", json=SPEC, headers={"Authorization": f"Bearer {svc.keys[0]}"}, timeout=60
+    )
+    assert proxy.dropped == 1
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    svc.start_worker()
+    admin = svc.client(svc.admin_key)
+    wait_until(lambda: admin.job(job_id)["status"] == "succeeded", 120, "the job to run")
+    assert [j["id"] for j in admin.jobs()] == [job_id]
+    assert admin.job(job_id)["attempt"] == 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +21,11 @@ import pytest
 from core.client import ApiError, Client
 from core.db import Database
 from core.spec import JobSpec
-from core.store import claim_job, create_dataset, create_job, save_epoch
+from core.store import claim_job, create_dataset, create_job, get_job, save_epoch
 from core.train import train
 from core.train.data import load_dataset
 from tests.conftest import Recorder
-from tests.service import Service, fresh_service, wait_until
+from tests.service import Service, children, fresh_service, wait_until
 
 RECOVERY = {
     "TRAINQ_HEARTBEAT_TIMEOUT_S": "3",
@@ -32,6 +34,16 @@ RECOVERY = {
     "TRAINQ_DB_BUSY_TIMEOUT_S": "1",
 }
 ENDED = ("succeeded", "failed", "canceled")
+# One step, then an evaluation of the 1,000 test digits with wide convolutions: several times
+# the 3 s heartbeat timeout without a step.
+LONG_EVALUATION = {
+    "epochs": 1,
+    "max_steps": 1,
+    "batch_size": 8,
+    "conv1_channels": 256,
+    "conv2_channels": 1024,
+    "hidden": 16,
+}
 
 
 @pytest.fixture
@@ -159,20 +171,45 @@ def test_out_of_memory_while_building_the_model_is_out_of_memory(svc: Service) -
 def test_a_step_free_phase_longer_than_the_heartbeat_timeout_is_not_lost(
     svc: Service, tmp_path: Path
 ) -> None:
-    """One step, then an evaluation of the 1,000 test digits with wide convolutions: several
-    times the 3 s heartbeat timeout without a step."""
     svc.start_worker()
     c = svc.client()
-    spec = {
-        "epochs": 1,
-        "max_steps": 1,
-        "batch_size": 8,
-        "conv1_channels": 256,
-        "conv2_channels": 1024,
-        "hidden": 16,
-    }
-    job = c.submit(spec)
+    job = c.submit(LONG_EVALUATION)
     done = ended(c, job["id"], timeout=240)
     assert (done["status"], done["attempt"]) == ("succeeded", 1), done["error"]
     assert done["result"]["steps"] == 1
     assert len(c.download(job["id"], tmp_path / "model.pt")) == 64
+
+
+def job_row(svc: Service, job_id: str) -> tuple[int | None, int]:
+    """(stop_requested_attempt, preemptions) as the database has them."""
+    db = Database(svc.database_url)
+    try:
+        with db.session() as s:
+            job = get_job(s, job_id=job_id)
+            assert job is not None
+            return job.stop_requested_attempt, job.preemptions
+    finally:
+        db.dispose()
+
+
+def test_a_worker_stopped_outside_the_step_loop_then_killed_is_a_preemption(
+    svc: Service,
+) -> None:
+    """max_restarts 0. The worker is drained during the evaluation after the job's one step:
+    its work horse gets SIGTERM (as worker.run sends it), and SIGKILL follows before any
+    step could hand the job back. That loss is a preemption, not a restart: the job runs
+    again and succeeds."""
+    launcher = svc.start_worker()
+    c = svc.client()
+    job = c.submit(LONG_EVALUATION | {"max_restarts": 0})
+    wait_until(
+        lambda: c.job(job["id"])["progress"]["step"] >= 1, 120, "the one step (evaluation next)"
+    )
+    [rq_worker] = children(launcher.pid)
+    [horse] = children(rq_worker)
+    os.kill(horse, signal.SIGTERM)
+    wait_until(lambda: job_row(svc, job["id"])[0] == 1, 10, "the stop request in the job row")
+    os.kill(horse, signal.SIGKILL)  # the launcher's, after its grace period
+    done = ended(c, job["id"], timeout=300)
+    assert (done["status"], done["attempt"]) == ("succeeded", 2), done["error"]
+    assert job_row(svc, job["id"]) == (1, 1)

@@ -146,11 +146,12 @@ def test_sigterm_preempts_mid_epoch_and_the_job_resumes_at_once_elsewhere(
     wait_step(c, job["id"], 32 + 10)  # mid epoch 2
     svc.start_worker()
     svc.wait_for_workers(2)
-    stopped = c.job(job["id"])
+    admin = svc.client(svc.admin_key)  # worker names are for admin keys
+    stopped = admin.job(job["id"])
     first.send_signal(signal.SIGTERM)  # to the launcher, as docker stop does
     first.wait(timeout=10)  # within the grace period before SIGKILL
     wait_until(
-        lambda: (j := c.job(job["id"]))["attempt"] == 2 and j["worker"] != stopped["worker"],
+        lambda: (j := admin.job(job["id"]))["attempt"] == 2 and j["worker"] != stopped["worker"],
         10,
         "the job to run on the other worker",
         0.1,

@@ -306,6 +306,41 @@ def test_a_gzip_bomb_is_413_and_costs_the_api_little_memory(
     assert "expands" in r.json()["detail"] and "train-images" in r.json()["detail"]
 
 
+def npz_with_labels(y_train: bytes) -> bytes:
+    """A small set of 8×8 images whose y_train member is the given raw .npy bytes."""
+    x, y = np.arange(4 * 64, dtype=np.uint8).reshape(4, 8, 8), np.arange(4) % 2
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for key, array in {"x_train": x, "x_test": x, "y_test": y}.items():
+            member = io.BytesIO()
+            np.save(member, array)
+            zf.writestr(f"{key}.npy", member.getvalue())
+        zf.writestr("y_train.npy", y_train)
+    return buf.getvalue()
+
+
+def test_an_npz_declaring_huge_arrays_is_refused_from_its_headers(service: Service) -> None:
+    """Labels that a small upload declares (10**9 with no data behind them; 3·10**7 real
+    ones that compress 80 times, within the zip-bomb guard) are refused by their .npy
+    header, before anything is read or widened to int64 (which would cost 240 MB)."""
+    assert service.api is not None
+    lying = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        lying, {"descr": "|u1", "fortran_order": False, "shape": (10**9,)}
+    )
+    many = np.zeros(3 * 10**7, np.uint8)
+    many[::40] = np.random.default_rng(0).integers(0, 2, len(many[::40]))
+    real = io.BytesIO()
+    np.save(real, many)
+    for y_train, n in ((lying.getvalue(), 10**9), (real.getvalue(), 3 * 10**7)):
+        blob = npz_with_labels(y_train)
+        assert len(blob) < 1 << 20
+        r, growth = peak_growth_mib(service.api.pid, lambda blob=blob: upload(service, blob))
+        assert r.status_code == 413, r.text
+        assert r.json()["detail"] == f"y_train: {n} labels: at most 200000"
+        assert growth < 48, f"a {len(blob)}-byte upload raised the API's peak RSS by {growth} MiB"
+
+
 def test_uploads_past_the_limit_are_429(service: Service) -> None:
     """Four uploads at once against one slot: each takes a second or more to check (noise
     images, 31 MB, that do not compress), so at least one finds the slot taken."""

@@ -7,6 +7,7 @@ and workers reconcile every second."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,7 +19,10 @@ import pytest
 from redis import Redis
 
 from core.client import Client
-from core.stream import stream_key
+from core.db import Database, JobStatus
+from core.store import claim_job, end_job
+from core.stream import publish_steps, stream_key
+from core.train import StepMetrics
 from tests.service import RedisServer, Service, kill_group, wait_until
 from tests.wire import WireProxy
 
@@ -279,3 +283,46 @@ def test_a_refused_redis_command_is_503_and_leaves_no_job(svc: Service) -> None:
     assert resp.status_code == 503, resp.text
     assert resp.headers["retry-after"]
     assert len(list(c.jobs())) == before
+
+
+def test_a_stream_still_written_after_its_job_ended_closes_with_the_databases_status(
+    svc: Service, pool: ThreadPoolExecutor
+) -> None:
+    """The job ended in the database, its end never reached Redis, and something (a
+    superseded attempt) keeps adding steps: followers close all the same."""
+    c = svc.client()
+    job = c.submit(SPEC)["id"]  # no worker: it stays on the queue
+    db = Database(svc.database_url)
+    try:
+        with db.session() as s:
+            claim_job(s, job_id=job, worker="w-gone", device="cpu")
+        with db.session() as s:
+            end_job(s, job_id=job, status=JobStatus.failed, code="worker_lost", message="lost")
+    finally:
+        db.dispose()
+    r = svc.redis.client()
+
+    def step(n: int) -> None:
+        publish_steps(r, job, [StepMetrics(n, 1, 0.5, 1e-3, 100.0, 0, 0, 0, 0.0)], 1000, attempt=1)
+
+    for n in range(1, 4):
+        step(n)
+    stop = threading.Event()
+
+    def keep_writing() -> None:
+        n = 4
+        while not stop.wait(0.2):
+            step(n)
+            n += 1
+
+    writer = threading.Thread(target=keep_writing, daemon=True)
+    writer.start()
+    try:
+        events = pool.submit(follow, svc, job).result(timeout=CLOSE_BOUND_S)
+    finally:
+        stop.set()
+        writer.join()
+    assert last_status(events) == "failed"
+    assert events[-1]["data"]["error"]["code"] == "worker_lost"
+    assert_every_step_once(events, len(kinds(events, "step")))
+    assert len(kinds(events, "step")) >= 3

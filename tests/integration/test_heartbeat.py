@@ -1,11 +1,13 @@
 """The heartbeat thread of a running attempt, against a real database: it beats while the
 trainer makes progress, goes silent once it has made none for the stall bound, carries the
-cancel flag, stops when the attempt no longer owns its job, and outlives a locked SQLite."""
+cancel flag, stops when the attempt no longer owns its job, outlives a locked SQLite, and
+writes a stop request into the job row at once."""
 
 from __future__ import annotations
 
 import datetime as dt
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -118,3 +120,23 @@ def test_a_locked_sqlite_skips_beats_and_never_stops_the_heart(
     released = last_beat(db, job_id)
     heart.touch()
     wait_until(lambda: beats_after(db, job_id, released), 5, "a beat after the lock")
+
+
+def test_a_stop_request_reaches_the_job_row_long_before_the_next_beat(db: Database) -> None:
+    job_id = running_job(db)
+    asked = threading.Event()  # what the SIGTERM handler sets
+    heart = Heartbeat(
+        db, job_id=job_id, attempt=1, every_s=60, stall_timeout_s=60, stop_asked=asked.is_set
+    )
+    heart.start()
+    try:
+        asked.set()
+
+        def recorded() -> bool:
+            with db.session() as s:
+                job = get_job(s, job_id=job_id)
+                return job is not None and job.stop_requested_attempt == 1
+
+        wait_until(recorded, 5, "the stop request in the job row")
+    finally:
+        heart.stop()

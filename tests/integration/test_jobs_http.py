@@ -146,3 +146,54 @@ def test_cancel_running_then_queued(service: Service) -> None:
     with pytest.raises(ApiError) as exc:
         c.download(running["id"], Path("/nonexistent/never-written.pt"))
     assert exc.value.status == 409
+
+
+def test_worker_names_reach_admin_keys_only(service: Service) -> None:
+    """A worker's name carries its host's: an admin key sees it on the job, in the job list
+    and in /metrics; the job's own key sees it nowhere, the event stream included."""
+    c = service.client()
+    job = c.submit({"epochs": 1, "max_steps": 3})
+    events = list(c.events(job["id"]))
+    admin = service.client(service.admin_key)
+    worker = admin.job(job["id"])["worker"]
+    assert worker and admin.job(job["id"])["status"] == "succeeded"
+    assert worker in [j["worker"] for j in admin.jobs(limit=200)]
+    admin_metrics = httpx.get(f"{service.url}/metrics", headers=auth(service.admin_key)).text
+    assert f'trainq_worker_images_per_second{{worker="{worker}"}}' in admin_metrics
+
+    mine = c.job(job["id"])
+    assert mine["worker"] is None and mine["device"] and mine["attempt"] == 1
+    assert all(j["worker"] is None for j in c.jobs(limit=200))
+    [running] = [e["data"] for e in events if e["data"].get("status") == "running"]
+    assert running["attempt"] == 1 and running["device"] == mine["device"]
+    assert "worker" not in running
+    for path in (f"/jobs/{job['id']}", "/jobs?limit=200", "/metrics"):
+        r = httpx.get(f"{service.url}{path}", headers=auth(service.keys[0]))
+        assert r.status_code == 200 and worker not in r.text, path
+    tenant_metrics = httpx.get(f"{service.url}/metrics", headers=auth(service.keys[0])).text
+    assert "trainq_workers_alive" in tenant_metrics and 'worker="' not in tenant_metrics
+    assert worker not in str(events)
+
+
+def test_cursors_past_any_step_are_422_or_ignored_never_500(service: Service) -> None:
+    """Steps are 32-bit integers in the database: a metrics cursor past 2**31 - 1 is a 422
+    naming `after`, an SSE Last-Event-ID past any step is ignored (the stream starts from
+    the beginning, as for any id it never sent); neither reaches the database (where
+    PostgreSQL refused it, a 500 or a stream cut short)."""
+    c = service.client()
+    job = c.submit({"epochs": 1, "max_steps": 2})
+    events = list(c.events(job["id"]))
+    assert events[-1]["data"]["status"] == "succeeded"
+    url = f"{service.url}/jobs/{job['id']}/metrics"
+    r = httpx.get(url, params={"after": 2**31 - 1}, headers=auth(service.keys[0]))
+    assert r.status_code == 200 and r.json()["items"] == [], r.text
+    for after in (2**31, 2**53):
+        r = httpx.get(url, params={"after": after}, headers=auth(service.keys[0]))
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["query", "after"]
+    for far in ("2147483648-0", "999999999999999999-3"):
+        assert list(c.events(job["id"], last_event_id=far)) == events, far
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}

@@ -406,3 +406,24 @@ def test_model_cache_is_lru() -> None:
     cache.put("c", 3)
     assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3
     assert len(cache) == 2
+
+
+def test_a_body_of_200000_keys_is_a_short_422_at_little_cost(service: Service, job_id: str) -> None:
+    """A body that is structurally wrong (200,000 keys where one, `images`, is allowed) is
+    refused before any per-key work: at most 20 errors, and the API's peak memory stays
+    near the body's size."""
+    assert service.api is not None
+    assert predict(service, job_id, json=zeros(1)).status_code == 200  # torch and model loaded
+    keys = b",".join(b'"k%06d":0' % i for i in range(200_000))
+    for body, n in (
+        (b"{" + keys + b"}", 200_000),
+        (b'{"images": [[[0]]], ' + keys + b"}", 200_001),
+    ):
+        send = partial(
+            predict, service, job_id, content=body, headers={"Content-Type": "application/json"}
+        )
+        r, growth = peak_growth_mib(service.api.pid, send)
+        assert growth < 16, f"{growth} MiB for a {len(body)}-byte body of 200,000 keys"
+        errors = detail(r)
+        assert 1 <= len(errors) <= 20 and len(r.content) < 4000
+        assert errors[0]["loc"] == ["body"] and f"{n} keys" in errors[0]["msg"], errors

@@ -5,6 +5,7 @@ runs, and the worker goes on to the next one. Secrets and host names stay off th
 from __future__ import annotations
 
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from rq.serializers import JSONSerializer
 from rq.webhook import Webhook
 
 from core.client import ApiError
-from tests.service import RedisServer, Service, descendants, wait_until
+from core.queue import RESULT_TTL_S
+from tests.memory import peak_growth_mib
+from tests.service import RedisServer, Service, children, descendants, wait_until
 
 TASK = "worker.tasks.train"
 SPEC = {"epochs": 1, "max_steps": 3}
@@ -197,3 +200,119 @@ def test_the_redis_password_is_on_no_worker_command_line(
     finally:
         svc.stop()
         locked.kill()
+
+
+# What a producer with write access to Redis can put there that RQ itself cannot read. Each
+# entry is dropped (its hash deleted, a log line naming it) and the worker goes on.
+def rq_worker_pid(svc: Service) -> int:
+    """The RQ worker process under the launcher (which restarts one that dies)."""
+    (pid,) = children(svc.workers[0].pid)
+    return pid
+
+
+def push_entry(
+    svc: Service, r: Redis, entry: str | bytes, fields: dict[bytes, bytes | None] | None = None
+) -> bytes:
+    """An entry of the contract's shape as RQ writes it, `fields` overwritten (None: left
+    out), pushed on the queue straight through Redis. Its hash's key."""
+    job = Job.create(TASK, kwargs={"spec": SPEC}, connection=r, serializer=JSONSerializer)
+    mapping: dict[bytes, bytes | None] = {
+        k.encode(): v if isinstance(v, bytes) else str(v).encode() for k, v in job.to_dict().items()
+    }
+    mapping |= {b"status": b"queued", b"origin": svc.queue.encode(), **(fields or {})}
+    raw_id = entry if isinstance(entry, bytes) else entry.encode()
+    key = Job.redis_job_namespace_prefix.encode() + raw_id
+    r.hset(key, mapping={k: v for k, v in mapping.items() if v is not None})  # type: ignore[arg-type]
+    r.rpush(rq_queue(svc, r).key, raw_id)
+    return key
+
+
+def run_one(svc: Service) -> None:
+    c = svc.client()
+    job_id = str(c.submit(SPEC)["id"])
+    wait_until(lambda: c.job(job_id)["status"] == "succeeded", 60, "a good job", interval=0.2)
+
+
+UNREADABLE: dict[str, dict[bytes, bytes | None]] = {
+    "junk created_at": {b"created_at": b"garbage"},
+    "junk status": {b"status": b"junk"},
+    "no data": {b"data": None},
+    "a value that is not UTF-8": {b"origin": b"\xff\xfe"},
+    "a field name that is not UTF-8": {b"\xff": b"x"},
+    "junk dependency_ids": {b"dependency_ids": b"not json"},
+    "too many fields": {f"f{i}".encode(): b"1" for i in range(100)},
+}
+
+
+@pytest.mark.parametrize("case", list(UNREADABLE))
+def test_an_entry_rq_cannot_restore_is_dropped_and_the_worker_goes_on(
+    svc: Service, r: Redis, case: str
+) -> None:
+    worker = rq_worker_pid(svc)
+    entry = str(uuid.uuid4())
+    key = push_entry(svc, r, entry, UNREADABLE[case])
+    run_one(svc)
+    assert rq_worker_pid(svc) == worker
+    assert not r.exists(key)
+    assert entry.encode() not in r.lrange(rq_queue(svc, r).key, 0, -1)
+
+
+def test_an_entry_whose_key_is_no_hash_is_dropped(svc: Service, r: Redis) -> None:
+    worker = rq_worker_pid(svc)
+    entry = str(uuid.uuid4())
+    r.set(f"rq:job:{entry}", "not a hash")
+    r.rpush(rq_queue(svc, r).key, entry)
+    run_one(svc)
+    assert rq_worker_pid(svc) == worker
+    assert not r.exists(f"rq:job:{entry}")
+
+
+@pytest.mark.parametrize("entry", [b"not an id!", b"\xff\xfe-not-utf-8"])
+def test_an_id_rq_cannot_name_a_job_by_is_dropped(svc: Service, r: Redis, entry: bytes) -> None:
+    worker = rq_worker_pid(svc)
+    key = push_entry(svc, r, entry)
+    run_one(svc)
+    assert rq_worker_pid(svc) == worker
+    assert not r.exists(key)
+    queue = rq_queue(svc, r)
+    assert entry not in r.lrange(queue.key, 0, -1) + r.lrange(queue.intermediate_queue_key, 0, -1)
+
+
+def test_a_huge_field_never_reaches_the_worker(svc: Service, r: Redis) -> None:
+    """A 64 MiB description: the bounds are checked inside Redis, before any of it is read."""
+    entry = str(uuid.uuid4())
+
+    def dropped() -> None:
+        key = push_entry(svc, r, entry, {b"description": b"x" * (64 << 20)})
+        wait_until(lambda: not r.exists(key), 30, "the entry to be dropped", 0.1)
+
+    _, growth = peak_growth_mib(rq_worker_pid(svc), dropped)
+    assert growth < 16, f"the worker grew by {growth} MiB"
+    run_one(svc)
+
+
+def test_a_zlib_bomb_is_refused_before_it_inflates(svc: Service, r: Redis) -> None:
+    """48 MiB of JSON in 47 KiB of zlib: the worker inflates no more than the 32 KiB it
+    reads, and fails the entry with that reason."""
+    entry = str(uuid.uuid4())
+    bomb = zlib.compress(b"[" + b" " * (48 << 20), 9)
+
+    _, growth = peak_growth_mib(
+        rq_worker_pid(svc), lambda: (push_entry(svc, r, entry, {b"data": bomb}), ended(r, entry))
+    )
+    assert growth < 16, f"the worker grew by {growth} MiB"
+    assert_refused(svc, r, entry, "the payload is over 32768 bytes")
+
+
+def test_the_time_limit_and_ttls_are_the_workers_own(svc: Service, r: Redis) -> None:
+    """An entry that asks for a 1 s limit (RQ would kill its work horse mid-training) and for
+    results kept for ever: the worker applies trainq's job_timeout_s and RESULT_TTL_S."""
+    entry = str(uuid.uuid4())
+    rq_queue(svc, r).enqueue_call(
+        TASK, kwargs={"spec": {"epochs": 1}}, job_id=entry, timeout=1, result_ttl=-1, failure_ttl=-1
+    )
+    job = Job.fetch(entry, connection=r, serializer=JSONSerializer)
+    wait_until(lambda: job.get_status() in ENDED, 120, "the entry to end", 0.2)
+    assert svc.client(svc.admin_key).job(entry)["status"] == "succeeded"
+    assert job.get_status() == JobStatus.FINISHED
+    assert 0 < r.ttl(job.key) <= RESULT_TTL_S

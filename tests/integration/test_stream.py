@@ -1,15 +1,22 @@
 """The job stream's writes against a real redis-server: fenced by attempt, idempotent per
-entry, always closable, expiring; and the worker's publisher through faults at the wire."""
+entry, always closable, expiring; the worker's publisher through faults at the wire, and
+through a Redis that forgot its fences (its proof of ownership from a real database)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from redis import Redis
 
+from core.db import Database, JobStatus, utcnow
+from core.migrate import upgrade
+from core.spec import JobSpec
+from core.store import claim_job, create_job, end_job, requeue_job
 from core.stream import (
     FINISHED_TTL_S,
     LIVE_TTL_S,
@@ -29,8 +36,14 @@ from core.stream import (
 from core.train import EpochMetrics, StepMetrics
 from tests.service import RedisServer
 from tests.wire import WireProxy
+from worker.tasks import job_row
 
 RUNNING = {"status": "running"}
+
+
+def owning(attempt: int = 1) -> Any:
+    """The row of a job that `attempt` runs: for publishers whose fence is never lost."""
+    return lambda: (attempt, JobStatus.running)
 
 
 def point(step: int) -> StepMetrics:
@@ -127,7 +140,7 @@ def test_a_batch_sent_again_after_its_reply_was_lost_does_not_jam_the_publisher(
     proxy = WireProxy(redis_server.port).start()
     through = Redis.from_url(proxy.url, socket_timeout=5)
     try:
-        pub = Publisher(through, job, 1, 1000)
+        pub = Publisher(through, job, 1, 1000, owning())
         pub.add([status_entry(0, RUNNING)])
         assert pub.flush()
         for block in range(4):
@@ -151,7 +164,7 @@ def test_epochs_and_steps_wait_out_an_outage_in_order(redis_server: RedisServer,
     proxy = WireProxy(redis_server.port).start()
     through = Redis.from_url(proxy.url, socket_timeout=5, socket_connect_timeout=1)
     try:
-        pub = Publisher(through, job, 1, 1000)
+        pub = Publisher(through, job, 1, 1000, owning())
         pub.add([status_entry(0, RUNNING), *step_entries(points(1, 5))])
         assert pub.flush()
         port = proxy.port
@@ -173,7 +186,7 @@ def test_epochs_and_steps_wait_out_an_outage_in_order(redis_server: RedisServer,
 
 
 def test_the_backlog_is_bounded_by_the_streams_length(r: Redis, job: str) -> None:
-    pub = Publisher(r, job, 1, 1000)
+    pub = Publisher(r, job, 1, 1000, owning())
     pub.add([status_entry(0, RUNNING)])
     for first in range(1, 3000, 100):
         pub.add(step_entries(points(first, first + 99)))
@@ -181,3 +194,84 @@ def test_the_backlog_is_bounded_by_the_streams_length(r: Redis, job: str) -> Non
     assert pub.waiting[0][0] == "0-2" and pub.waiting[1][0] == "2002-0"
     assert pub.flush()
     assert ids(r, job)[:2] == ["0-2", "2002-0"]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    url = f"sqlite:///{tmp_path / 'trainq.db'}"
+    upgrade(url)
+    database = Database(url)
+    yield database
+    database.dispose()
+
+
+def claimed(db: Database, job_id: str) -> int:
+    with db.session() as s:
+        job = claim_job(s, job_id=job_id, worker="w", device="cpu")
+        assert job is not None
+        return job.attempt
+
+
+def test_a_zombie_writes_nothing_after_redis_forgot_the_fence(
+    r: Redis, db: Database, job: str
+) -> None:
+    with db.session() as s:
+        create_job(s, job_id=job, spec=JobSpec(), owner=None)
+    first = Publisher(r, job, claimed(db, job), 1000, lambda: job_row(db, job))
+    first.add([status_entry(0, RUNNING), *step_entries(points(1, 10))])
+    assert first.flush()  # the first write finds no fence: the database vouches for it
+    # Attempt 1 is lost (its worker hangs); attempt 2 resumes after step 0.
+    with db.session() as s:
+        assert requeue_job(
+            s,
+            job_id=job,
+            attempt=1,
+            queue_entry=f"{job}-a2",
+            silent_since=utcnow() + dt.timedelta(1),
+        )
+    second = Publisher(r, job, claimed(db, job), 1000, lambda: job_row(db, job))
+    second.add([status_entry(0, RUNNING), *step_entries(points(1, 3))])
+    assert second.flush()
+
+    r.flushall()  # Redis restarted empty: the fence is gone with the stream
+    first.add(step_entries(points(11, 15)))  # the zombie wakes up first
+    assert not first.flush()
+    assert first.stopped is Outcome.SUPERSEDED
+    assert not r.exists(stream_key(job)) and not r.exists(attempt_key(job))
+
+    second.add(step_entries(points(4, 5)))
+    assert second.flush()
+    assert ids(r, job) == ["4-0", "5-0"]
+    assert int(r.get(attempt_key(job)) or 0) == 2
+    assert 0 < r.ttl(attempt_key(job)) <= LIVE_TTL_S
+
+    # The fence lost again (here alone): the zombie's end is refused too ...
+    r.delete(attempt_key(job))
+    late = Publisher(r, job, 1, 1000, lambda: job_row(db, job))
+    late.add([status_entry(15, {"status": "failed"})])
+    assert not late.flush(force=True) and late.stopped is Outcome.SUPERSEDED
+    # ... while an end the database decided is written without one (the reconciler's).
+    with db.session() as s:
+        assert end_job(s, job_id=job, status=JobStatus.failed, code="x", message="lost", attempt=2)
+    end = {"status": "failed", "error": {"code": "x", "message": "lost"}}
+    assert publish_status(r, job, 5, end, attempt=2) is Outcome.WRITTEN
+    assert ids(r, job) == ["4-0", "5-0", "5-3"]
+
+
+def test_a_publisher_that_cannot_prove_ownership_waits_and_keeps_its_entries(
+    r: Redis, job: str
+) -> None:
+    answers: list[Any] = [RuntimeError("the database is away"), (1, JobStatus.running)]
+
+    def row() -> Any:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    pub = Publisher(r, job, 1, 1000, row)
+    pub.add([status_entry(0, RUNNING), *step_entries(points(1, 3))])
+    assert not pub.flush() and pub.stopped is None and len(pub.waiting) == 4
+    assert not r.exists(stream_key(job))
+    assert pub.flush(force=True)
+    assert ids(r, job) == ["0-2", "1-0", "2-0", "3-0"]

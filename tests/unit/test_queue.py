@@ -4,12 +4,13 @@ writes them."""
 from __future__ import annotations
 
 import uuid
+import zlib
 from typing import Any
 
 import pytest
 from rq.serializers import JSONSerializer
 
-from core.queue import TASK, QueueEntry, contract_violation
+from core.queue import MAX_PAYLOAD_BYTES, TASK, QueueEntry, contract_violation, inflate
 
 JOB = str(uuid.uuid4())
 
@@ -90,4 +91,15 @@ def test_a_payload_that_is_not_the_json_rq_writes_is_refused(payload: bytes) -> 
 
 def test_a_payload_is_measured_before_it_is_parsed() -> None:
     huge = QueueEntry(id=JOB, payload=b"[" + b" " * 40_000 + b"]")
-    assert "at most 32768 are read" in (contract_violation(huge) or "")
+    assert "the payload is over 32768 bytes" in (contract_violation(huge) or "")
+
+
+def test_a_zlib_field_inflates_no_further_than_its_bound() -> None:
+    bomb = zlib.compress(b"[" + b" " * (64 << 20), 9)  # 64 MiB in 64 KiB
+    assert len(inflate(bomb, MAX_PAYLOAD_BYTES)) == MAX_PAYLOAD_BYTES + 1
+    payload = JSONSerializer.dumps((TASK, None, [], {"spec": {}}))
+    assert inflate(zlib.compress(payload), MAX_PAYLOAD_BYTES) == payload
+
+
+def test_a_field_that_is_not_zlib_is_read_as_it_is_as_rq_does() -> None:
+    assert inflate(b'["worker.tasks.train"]', MAX_PAYLOAD_BYTES) == b'["worker.tasks.train"]'

@@ -7,6 +7,7 @@ import gzip
 import io
 import re
 import struct
+import tracemalloc
 import uuid
 import zipfile
 from pathlib import Path
@@ -140,6 +141,65 @@ def test_too_many_images_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     x, y = np.zeros((4, 8, 8), np.uint8), np.arange(4) % 2
     with pytest.raises(DatasetTooLarge, match="8 images: at most 5"):
         parse_upload(npz_bytes(x_train=x, y_train=y, x_test=x, y_test=y))
+
+
+def npy_declaring(shape: tuple[int, ...], dtype: str, data: bytes = b"") -> bytes:
+    """An .npy member whose header declares `shape` and `dtype`, followed by `data` only."""
+    buf = io.BytesIO()
+    header = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(buf, header)
+    return buf.getvalue() + data
+
+
+def npz_declaring(**members: bytes) -> bytes:
+    """A small valid set whose named members are replaced by raw .npy bytes."""
+    x, y = np.arange(4 * 64, dtype=np.uint8).reshape(4, 8, 8), np.arange(4) % 2
+    valid = {"x_train": x, "y_train": y, "x_test": x, "y_test": y}
+    raw = {}
+    for key, array in valid.items():
+        buf = io.BytesIO()
+        np.save(buf, array)
+        raw[f"{key}.npy"] = members.get(key, buf.getvalue())
+    return zip_bytes(raw)
+
+
+@pytest.mark.parametrize(
+    ("members", "refusal", "match"),
+    [
+        ({"y_train": npy_declaring((10**9,), "u1")}, DatasetTooLarge,
+         "y_train: 1000000000 labels: at most 200000"),
+        ({"x_train": npy_declaring((10**6, 28, 28), "u1")}, DatasetTooLarge,
+         "x_train: 1000000 images: at most 200000"),
+        ({"x_train": npy_declaring((150_000, 8, 8), "u1"),
+          "x_test": npy_declaring((150_000, 8, 8), "u1")}, DatasetTooLarge,
+         "300000 images: at most 200000"),
+        ({"x_train": npy_declaring((10**5, 256, 256), "f8")}, InvalidDataset,
+         "x_train: images must be uint8 .0..255., not float64"),
+        ({"x_train": npy_declaring((4, 8, 10**6), "u1")}, InvalidDataset,
+         "8×1000000: each side must be 4 to 256"),
+        ({"y_test": npy_declaring((10**8,), "f4")}, InvalidDataset,
+         "y_test: labels must be integers, not float32"),
+        ({"y_test": npy_declaring((10**4, 10**4), "i8")}, InvalidDataset,
+         "y_test: shape .10000, 10000.; labels must be one-dimensional"),
+        ({"y_train": npy_declaring((4,), "i8", bytes(8))}, InvalidDataset,
+         "y_train.npy.: its header declares 32 bytes of data, the member holds 8"),
+    ],
+)  # fmt: skip
+def test_npz_headers_are_checked_before_any_array_is_read(
+    members: dict[str, bytes], refusal: type[Exception], match: str
+) -> None:
+    """What an .npz member's header declares is checked before its data is read or
+    converted: a small upload may declare gigabytes."""
+    blob = npz_declaring(**members)
+    assert len(blob) < 10_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(refusal, match=match):
+            parse_upload(blob)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"{peak} bytes allocated for a {len(blob)}-byte upload"
 
 
 # ---------------------------------------------------------------------------- folders
