@@ -18,12 +18,14 @@ from typing import Any
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
 import torchvision  # noqa: F401
 from redis import Redis
+from redis.exceptions import RedisError
 from rq import Queue, Worker
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, parse_job_id, validate_job_id
 from rq.job_lifecycle import record_job_failure
 from rq.serializers import JSONSerializer
+from rq.utils import now
 
 import worker.tasks  # the job function and all it imports, ready in each fork
 from core.config import Settings
@@ -177,6 +179,28 @@ class TrainqQueue(Queue):
             drop_entry(connection, popped[1], problem)
 
 
+def drop_junk_ids(r: Redis, queue: Queue) -> None:
+    """Ids RQ names no job by, removed from the queue's registries and intermediate list."""
+    registries = (
+        queue.started_job_registry,
+        queue.failed_job_registry,
+        queue.finished_job_registry,
+        queue.deferred_job_registry,
+        queue.scheduled_job_registry,
+        queue.canceled_job_registry,
+    )
+    for registry in registries:
+        for member, _ in r.zscan_iter(registry.key):
+            if _id_problem(member.split(b":", 1)[0]) is not None:
+                log.error("dropped %.100r from %s: RQ names no job by it", member, registry.key)
+                r.zrem(registry.key, member)
+    listed: list[bytes] = r.lrange(queue.intermediate_queue_key, 0, -1)  # type: ignore[assignment]
+    for raw in listed:
+        if _id_problem(raw) is not None:
+            log.error("dropped %.100r from %s: RQ names no job by it", raw, queue.key)
+            r.lrem(queue.intermediate_queue_key, 0, raw)  # type: ignore[arg-type]
+
+
 def queue_entry(job: Job) -> QueueEntry:
     """What the producer stored, read without deserialising or importing any of it (the
     callback properties would import the callbacks; RQ has no public name for them)."""
@@ -199,6 +223,23 @@ class TrainqWorker(Worker):
     def __init__(self, *args: Any, job_timeout_s: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.job_timeout_s = job_timeout_s
+
+    def run_maintenance_tasks(self) -> None:
+        """RQ's registry clean-up (as a worker starts, then every 10 minutes) decodes every
+        id in its registries and intermediate list, which a queue writer controls: ids it
+        cannot read are dropped first, and any other failure of it is logged, not fatal (the
+        launcher would restart the worker into the same junk)."""
+        for queue in self.queues:
+            drop_junk_ids(self.connection, queue)
+        try:
+            super().run_maintenance_tasks()
+        except RedisError:
+            raise  # the worker loop's own handling: Redis is away
+        except Exception:
+            log.exception("RQ's registry maintenance failed; the worker carries on")
+            self.last_cleaned_at = now()  # type: ignore[assignment]  # the next try in RQ's interval, not at once
+            for queue in self.queues:
+                queue.release_maintenance_lock()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         reason = contract_violation(queue_entry(job))

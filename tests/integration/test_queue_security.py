@@ -4,6 +4,8 @@ runs, and the worker goes on to the next one. Secrets and host names stay off th
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -316,3 +318,21 @@ def test_the_time_limit_and_ttls_are_the_workers_own(svc: Service, r: Redis) -> 
     assert svc.client(svc.admin_key).job(entry)["status"] == "succeeded"
     assert job.get_status() == JobStatus.FINISHED
     assert 0 < r.ttl(job.key) <= RESULT_TTL_S
+
+
+def test_junk_in_rqs_own_lists_never_stops_a_worker(svc: Service, r: Redis) -> None:
+    """Ids that RQ cannot decode, written into its started registry and intermediate list:
+    RQ's registry maintenance, which a worker runs as it starts, must not quit on them (the
+    launcher would restart it into the same junk, for ever)."""
+    queue = rq_queue(svc, r)
+    r.zadd(queue.started_job_registry.key, {b"\xff\xfe:1": 1})  # expired long ago
+    r.rpush(queue.intermediate_queue_key, b"\xff\xfe-junk")
+    r.delete(queue.registry_cleaning_key)  # the next worker to start runs the maintenance
+    old = rq_worker_pid(svc)
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: children(svc.workers[0].pid) not in ([], [old]), 30, "a new worker")
+    fresh = rq_worker_pid(svc)
+    wait_until(lambda: not r.exists(queue.registry_cleaning_key), 30, "the maintenance to run")
+    run_one(svc)
+    assert rq_worker_pid(svc) == fresh
+    assert "RQ names no job by it" in svc.logs()
