@@ -11,12 +11,11 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from rq import Worker
-from rq.serializers import JSONSerializer
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import CallerDep
+from api.routes.health import registered_workers
 from core.db import Job, JobStatus
 from core.queue import job_queue
 from core.worker_stats import read_worker_stats
@@ -46,7 +45,7 @@ class ServiceCollector(Collector):
         r = state.redis
         q = job_queue(r, state.settings.queue)
         yield GaugeMetricFamily("trainq_queue_depth", "Jobs waiting in the queue.", value=q.count)
-        alive = len(Worker.all(connection=r, queue=q, serializer=JSONSerializer))
+        alive = len(registered_workers(q))
         yield GaugeMetricFamily("trainq_workers_alive", "Registered RQ workers.", value=alive)
         if self.per_worker:
             yield from self._worker_gauges(read_worker_stats(r))

@@ -144,23 +144,26 @@ def _worker_options(p: argparse.ArgumentParser) -> None:
 @command("worker", "Run one RQ worker per GPU (or one on the CPU).", _worker_options)
 def worker_command(args: argparse.Namespace) -> int:
     from core.redis_server import redis_url
-    from worker.launcher import run_workers
+    from worker.launcher import parse_gpus, run_workers
     from worker.reconciler import Reconciler
 
     settings = Settings()
     url = redis_url(settings)
+    # Only a bad --gpus is the caller's error (exit 2); a ValueError from a running launcher
+    # is a fault, and must not end it quietly as if the arguments were wrong.
     try:
-        return run_workers(
-            args.gpus,
-            settings.queue,
-            url,
-            burst=args.burst,
-            reconcile=Reconciler(settings, url),
-            reconcile_every_s=settings.reconcile_interval_s,
-        )
+        gpus = parse_gpus(args.gpus)
     except ValueError as e:
         print(f"trainq: {e}", file=sys.stderr)
         return 2
+    return run_workers(
+        ",".join(g for g in gpus if g is not None) or "cpu",  # as parsed: no second probe
+        settings.queue,
+        url,
+        burst=args.burst,
+        reconcile=Reconciler(settings, url),
+        reconcile_every_s=settings.reconcile_interval_s,
+    )
 
 
 def _up_options(p: argparse.ArgumentParser) -> None:

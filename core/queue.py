@@ -325,42 +325,74 @@ def _payload(spec: dict[str, Any], owner: str | None, via: str | None = None) ->
 
 
 # A worker running an entry beats every 5 s (worker.run's job_monitoring_interval): four
-# beats missed and it is gone. Judged across hosts' clocks, so one far off may re-enqueue
-# a live entry's job early; that is safe (only one claim of a queued job wins).
+# beats missed and it is gone. Judged by Redis's clock against the worker's stamps, so a
+# worker host far off may have its live entry's job re-enqueued early; that is safe (only
+# one claim of a queued job wins).
 WORKER_SILENT_S = 20.0
+# The fields read here are short (a status, a worker name, a timestamp): a longer value is
+# a Redis writer's, and is read as absent rather than loaded.
+MAX_LIVENESS_FIELD_BYTES = 256
+LIVE_STATUSES = frozenset({b"queued", b"deferred", b"scheduled"})
+
+# A hash's named fields, each nil when absent or longer than the bound; nothing when the key
+# holds no hash. One script, so nothing grows between the length check and the read.
+_READ_FIELDS = """
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then return {} end
+local out = {}
+for i = 2, #ARGV do
+  if redis.call('HSTRLEN', KEYS[1], ARGV[i]) <= tonumber(ARGV[1]) then
+    out[i - 1] = redis.call('HGET', KEYS[1], ARGV[i])
+  else
+    out[i - 1] = false
+  end
+end
+return out
+"""
+
+
+def _read_fields(r: Redis, key: str, names: list[str]) -> list[bytes | None]:
+    """The named fields of a hash, read within MAX_LIVENESS_FIELD_BYTES (None for a field
+    that is absent or longer, every one None when the key holds no hash)."""
+    reply = r.register_script(_READ_FIELDS)(keys=[key], args=[MAX_LIVENESS_FIELD_BYTES, *names])
+    values = [v if isinstance(v, bytes) else None for v in reply]
+    return values + [None] * (len(names) - len(values))
 
 
 def entry_is_live(r: Redis, queue_entry: str) -> bool:
     """Whether the queue still holds this entry, waiting or being worked on by a worker
-    that is still there."""
-    from rq.exceptions import NoSuchJobError
+    that is still there. Anyone who can write to Redis can write junk into an entry or a
+    worker's hash: what cannot be read is not live, which is safe (a re-enqueue names the
+    job's new entry first, and only one claim of a queued job wins)."""
     from rq.job import Job as RQJob
-    from rq.job import JobStatus as RQStatus
 
-    try:
-        job = RQJob.fetch(queue_entry, connection=r, serializer=JSONSerializer)
-    except NoSuchJobError:
-        return False
-    status = job.get_status()
-    if status == RQStatus.STARTED:
-        return _worker_beats(r, job.worker_name)
-    return status in (RQStatus.QUEUED, RQStatus.DEFERRED, RQStatus.SCHEDULED)
+    status, worker = _read_fields(
+        r, RQJob.redis_job_namespace_prefix + queue_entry, ["status", "worker_name"]
+    )
+    if status == b"started":
+        return worker is not None and _worker_beats(r, worker)
+    return status in LIVE_STATUSES
 
 
-def _worker_beats(r: Redis, name: str | None) -> bool:
+def _worker_beats(r: Redis, name: bytes) -> bool:
     """Whether an RQ worker is alive: its key holds a recent heartbeat and no death. A
     killed worker leaves its entry STARTED until RQ's own clean-up, ten minutes or more
     later, and its key for a minute or more; its heartbeat stops at once."""
-    from rq.utils import now, utcparse
+    from rq.utils import utcparse
     from rq.worker import Worker
 
-    if not name:
-        return False
-    beat, death = r.hmget(Worker.redis_worker_namespace_prefix + name, ["last_heartbeat", "death"])
+    try:
+        key = Worker.redis_worker_namespace_prefix + name.decode()
+    except UnicodeDecodeError:
+        return False  # no worker RQ registers has such a name
+    beat, death = _read_fields(r, key, ["last_heartbeat", "death"])
     if beat is None or death is not None:
         return False
-    silent = now() - utcparse(beat.decode() if isinstance(beat, bytes) else beat)
-    return silent.total_seconds() < WORKER_SILENT_S
+    try:
+        stamped = utcparse(beat.decode())
+    except (UnicodeDecodeError, ValueError):
+        return False  # junk, not a heartbeat RQ wrote
+    seconds, micros = r.time()
+    return seconds + micros / 1e6 - stamped.timestamp() < WORKER_SILENT_S
 
 
 def stop_entry(r: Redis, queue_entry: str) -> bool:

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from redis import Redis
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
 
 from core.config import Settings
 from core.db import Database, Job, JobStatus, as_utc, db_ago
@@ -42,24 +46,43 @@ class Report:
 
 
 def reconcile_once(db: Database, r: Redis, settings: Settings) -> Report:
+    """One pass. Each job is handled on its own: one that fails (junk a Redis writer put in
+    its queue entry, say) is logged and the pass goes on to the next; Redis or the database
+    being away ends the pass."""
     report = Report()
     with db.session() as s:
         lost = list(lost_jobs(s, silent_since=db_ago(settings.heartbeat_timeout_s)))
     for job in lost:
-        _handle_lost(db, r, settings, job, report)
+        with _on_its_own(job):
+            _handle_lost(db, r, settings, job, report)
     with db.session() as s:
         waiting = list(stale_queued_jobs(s, enqueued_before=db_ago(settings.queue_grace_s)))
     for job in waiting:
-        if job.queue_entry and entry_is_live(r, job.queue_entry):
-            continue
-        entry = f"{job.id}-q{uuid.uuid4().hex[:8]}"
-        with db.session() as s:
-            if not set_queue_entry(s, job_id=job.id, queue_entry=entry, seen=job.queue_entry):
-                continue  # another reconciler (or a worker) got there first
-        _enqueue(r, settings, job, entry)
-        report.reenqueued.append(job.id)
-        log.warning("job %s was queued but not on the queue; enqueued again", job.id)
+        with _on_its_own(job):
+            _handle_waiting(db, r, settings, job, report)
     return report
+
+
+@contextmanager
+def _on_its_own(job: Job) -> Iterator[None]:
+    try:
+        yield
+    except (RedisError, SQLAlchemyError, OSError):
+        raise  # away: the whole pass is skipped, and the next one tries again
+    except Exception:
+        log.exception("job %s could not be reconciled; the pass goes on", job.id)
+
+
+def _handle_waiting(db: Database, r: Redis, settings: Settings, job: Job, report: Report) -> None:
+    if job.queue_entry and entry_is_live(r, job.queue_entry):
+        return
+    entry = f"{job.id}-q{uuid.uuid4().hex[:8]}"
+    with db.session() as s:
+        if not set_queue_entry(s, job_id=job.id, queue_entry=entry, seen=job.queue_entry):
+            return  # another reconciler (or a worker) got there first
+    _enqueue(r, settings, job, entry)
+    report.reenqueued.append(job.id)
+    log.warning("job %s was queued but not on the queue; enqueued again", job.id)
 
 
 def _handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: Report) -> None:

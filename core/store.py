@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import bindparam, delete, insert, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
@@ -127,13 +127,22 @@ def list_jobs(
     return s.scalars(q).all()
 
 
-def claim_job(s: Session, *, job_id: str, worker: str, device: str) -> Job | None:
+def claim_job(
+    s: Session, *, job_id: str, worker: str, device: str, queue_entry: str | None = None
+) -> Job | None:
     """queued -> running, attempt + 1. None if the job is not queued: canceled before it
-    started, already running elsewhere or finished (a duplicate delivery runs nothing)."""
+    started, already running elsewhere or finished (a duplicate delivery runs nothing).
+
+    `queue_entry`, the entry a worker runs: the claim holds only if the row names it (every
+    enqueue records its entry first), so an entry made up in Redis claims nothing. A row of
+    an older trainq with no entry recorded accepts only the job's own id. Without it (no
+    queue involved), no entry is checked."""
+    q = update(Job).where(Job.id == job_id, Job.status == JobStatus.queued)
+    if queue_entry is not None:
+        named = Job.queue_entry == queue_entry
+        q = q.where(or_(named, Job.queue_entry.is_(None)) if queue_entry == job_id else named)
     res = s.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.queued)
-        .values(
+        q.values(
             status=JobStatus.running,
             attempt=Job.attempt + 1,
             worker=worker,

@@ -1,9 +1,16 @@
 """`trainq worker --gpus all|0,1|cpu`: one RQ worker process per GPU, each with
 CUDA_VISIBLE_DEVICES set to its GPU and named after host and GPU. The launcher never
-imports torch or touches CUDA: it counts GPUs with nvidia-smi."""
+imports torch or touches CUDA: it counts GPUs with nvidia-smi.
+
+A worker that dies is restarted with back-off, never given up on: an outage of Redis must
+cost latency, not the host. On Linux the launcher adopts the work horses of workers that
+died (a child subreaper), and starts no replacement while one still runs: two jobs would
+share one GPU."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -13,7 +20,14 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
+
+RESTART_FIRST_S = 1.0  # after a worker's failure, doubled each time it fails again
+RESTART_MAX_S = 60.0
+STABLE_S = 60.0  # a worker that ran this long before failing starts its back-off afresh
+ORPHAN_GRACE_S = 30.0  # an adopted horse's time to checkpoint after SIGTERM, then SIGKILL
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
 @dataclass
@@ -21,7 +35,66 @@ class Slot:
     gpu: str | None  # None: the CPU
     name: str
     proc: subprocess.Popen[bytes] | None = None
-    restarts: list[float] = field(default_factory=list)
+    started: float = 0.0
+    failures: int = 0  # in a row
+    restart_at: float | None = None  # set once its exit is seen
+
+
+@dataclass
+class Orphans:
+    """Processes reparented to the launcher: work horses (and their DataLoader workers)
+    whose worker died. Each got SIGTERM from its parent's death (worker.run sets it), so
+    that its job checkpoints and goes back on the queue; one still running after
+    ORPHAN_GRACE_S gets SIGKILL (the reconciler requeues its job as lost)."""
+
+    seen: dict[int, float] = field(default_factory=dict)
+
+    def running(self, slots: list[Slot]) -> bool:
+        """Reaps those that ended; whether any still runs."""
+        ours = {s.proc.pid for s in slots if s.proc}
+        now = time.monotonic()
+        alive = {}
+        for pid in child_pids(os.getpid()):
+            if pid in ours or _reaped(pid):
+                continue
+            alive[pid] = self.seen.get(pid, now)
+            if now - alive[pid] > ORPHAN_GRACE_S:
+                print(
+                    f"trainq worker: adopted process {pid} outlived its grace; killed",
+                    file=sys.stderr,
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self.seen = alive
+        return bool(alive)
+
+
+def child_pids(parent: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # it has just ended
+        if int(fields[1]) == parent:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True  # not ours to wait for (any more)
+    return done == pid
+
+
+def adopt_orphans() -> bool:
+    """Makes the launcher the child subreaper of its tree, on Linux."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
 
 
 def visible_gpus() -> list[str]:
@@ -59,6 +132,18 @@ def spawn(slot: Slot, queue: str, redis_url: str, burst: bool) -> None:
     cmd = [sys.executable, "-m", "worker.run", "--name", slot.name, "--queue", queue]
     cmd += ["--burst"] if burst else []
     slot.proc = subprocess.Popen(cmd, env=env)
+    slot.started, slot.restart_at = time.monotonic(), None
+
+
+def restart_delay(slot: Slot, returncode: int) -> float:
+    """A clean exit (0) is restarted at once and never counted; a failure waits 1 s,
+    doubling for each failure in a row up to a minute."""
+    if returncode == 0:
+        return 0.0
+    if time.monotonic() - slot.started >= STABLE_S:
+        slot.failures = 0
+    slot.failures += 1
+    return min(RESTART_FIRST_S * 2 ** (slot.failures - 1), RESTART_MAX_S)
 
 
 def run_workers(
@@ -70,10 +155,12 @@ def run_workers(
     reconcile: Callable[[], None] | None = None,
     reconcile_every_s: float = 10.0,
 ) -> int:
-    """Start the workers and supervise them: a worker that dies is restarted (at most 5
-    times a minute); SIGINT/SIGTERM are passed on (RQ: finish or stop the job, then exit).
-    Between checks the launcher runs `reconcile` (requeue lost jobs) every few seconds."""
+    """Start the workers and supervise them: a worker that dies is restarted with back-off
+    (restart_delay), once no horse of a dead worker runs; SIGINT/SIGTERM are passed on (RQ:
+    finish or stop the job, then exit). Between checks the launcher runs `reconcile`
+    (requeue lost jobs) every few seconds."""
     slots = slots_for(parse_gpus(gpus))
+    orphans = Orphans() if adopt_orphans() else None
     next_reconcile = time.monotonic()
     stopping = False
 
@@ -93,19 +180,19 @@ def run_workers(
         alive = [s for s in slots if s.proc and s.proc.poll() is None]
         if not alive and (stopping or burst):
             return max(abs(s.proc.returncode or 0) for s in slots if s.proc)
+        adopted = orphans is not None and orphans.running(slots)
         for s in slots:
             if s.proc and s.proc.poll() is not None and not stopping and not burst:
-                now = time.monotonic()
-                s.restarts = [t for t in s.restarts if now - t < 60] + [now]
-                if len(s.restarts) > 5:
-                    print(f"trainq worker {s.name} keeps dying; giving up", file=sys.stderr)
-                    forward(signal.SIGTERM, None)
-                    continue
-                print(
-                    f"trainq worker {s.name} exited ({s.proc.returncode}); restarting",
-                    file=sys.stderr,
-                )
-                spawn(s, queue, redis_url, burst)
+                if s.restart_at is None:
+                    delay = restart_delay(s, s.proc.returncode)
+                    s.restart_at = time.monotonic() + delay
+                    print(
+                        f"trainq worker {s.name} exited ({s.proc.returncode}); "
+                        f"restarting in {delay:.0f} s",
+                        file=sys.stderr,
+                    )
+                if time.monotonic() >= s.restart_at and not adopted:
+                    spawn(s, queue, redis_url, burst)
         if reconcile is not None and time.monotonic() >= next_reconcile and not stopping:
             reconcile()
             next_reconcile = time.monotonic() + reconcile_every_s

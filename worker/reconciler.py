@@ -32,5 +32,7 @@ class Reconciler:
                 log.warning("reconciled: %s", report)
         except (RedisError, SQLAlchemyError, OSError) as e:
             log.warning("reconcile pass skipped: %s", e)
+        except Exception:  # never the launcher's end: its workers would be orphaned
+            log.exception("reconcile pass failed; the next one tries again")
         finally:
             r.close()

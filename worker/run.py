@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import itertools
+import json
 import logging
 import os
 import signal
+import sys
+import time
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any
 
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
@@ -20,7 +26,9 @@ import torchvision  # noqa: F401
 from redis import Redis
 from redis.exceptions import RedisError
 from rq import Queue, Worker
+from rq.command import handle_stop_job_command
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.executions import Execution
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, parse_job_id, validate_job_id
 from rq.job_lifecycle import record_job_failure
@@ -45,6 +53,10 @@ from core.queue import (
 from core.redis_server import READ_TIMEOUT_S, connect, use_read_timeout
 
 log = logging.getLogger("trainq.worker")
+
+RETRY_FIRST_S = 1.0  # Redis away: the first wait before trying again, doubled each time
+RETRY_MAX_S = 15.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class TrainqJob(Job):
@@ -132,6 +144,19 @@ def _job_id(entry: str) -> str:
     except (TypeError, ValueError) as e:
         raise UnreadableEntry(f"its id names no RQ job: {e}") from e
     return job_id
+
+
+def _command(data: object) -> dict[str, Any] | None:
+    """A stop-job command as trainq sends it (RQ's JSON, a few dozen bytes), or None."""
+    if not isinstance(data, bytes) or len(data) > 1024:
+        return None
+    try:
+        payload = json.loads(data)
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    if not isinstance(payload, dict) or payload.get("command") != "stop-job":
+        return None
+    return payload if isinstance(payload.get("job_id"), str) else None
 
 
 def drop_entry(r: Redis, entry: str | bytes, reason: str) -> None:
@@ -224,6 +249,22 @@ class TrainqWorker(Worker):
         super().__init__(*args, **kwargs)
         self.job_timeout_s = job_timeout_s
 
+    def handle_payload(self, message: dict[str, Any]) -> None:
+        """RQ's command channel takes anyone's message who can write to Redis. Only
+        `stop-job` is heard, the one command trainq sends (core.queue.stop_entry, naming the
+        entry this worker runs): `shutdown` and `kill-horse` would stop any job or worker
+        without the database knowing why. Nothing here raises: an exception ends RQ's
+        command thread for good, and stop-job with it."""
+        data = message.get("data")
+        try:
+            payload = _command(data)
+            if payload is None:
+                log.warning("ignored a message on the command channel: %.100r", data)
+            else:
+                handle_stop_job_command(self, payload)
+        except Exception:
+            log.exception("a command on the command channel failed")
+
     def run_maintenance_tasks(self) -> None:
         """RQ's registry clean-up (as a worker starts, then every 10 minutes) decodes every
         id in its registries and intermediate list, which a queue writer controls: ids it
@@ -258,7 +299,25 @@ class TrainqWorker(Worker):
             p.lrem(queue.intermediate_queue_key, 1, job.id)  # RQ's dequeue parked it there
             p.execute()
 
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """While a work horse runs, a heartbeat Redis refuses (away, or full: OOM) is
+        logged, not fatal: a parent that quit would orphan its horse, and the launcher's
+        next worker would take a second job onto the same GPU."""
+        try:
+            super().heartbeat(timeout, pipeline)
+        except RedisError as e:
+            if not self.horse_pid:
+                raise
+            log.warning("worker heartbeat not sent (%s); the job goes on", e)
+
+    def maintain_heartbeats(self, job: Job, execution: Execution) -> None:
+        try:
+            super().maintain_heartbeats(job, execution)
+        except RedisError as e:  # as in heartbeat: the horse goes on, and so does its parent
+            log.warning("job heartbeat of %s not sent (%s); the job goes on", job.id, e)
+
     def main_work_horse(self, job: Job, queue: Queue) -> None:
+        die_with_parent(self.pid)
         # RQ raised this connection's read timeout above its blocking dequeue (minutes). The
         # horse never blocks on Redis, so its commands get trainq's own: a partition costs
         # the training loop seconds, not minutes.
@@ -277,6 +336,82 @@ class TrainqWorker(Worker):
                 os.kill(self.horse_pid, signal.SIGTERM)
 
 
+def die_with_parent(parent: int | None) -> None:
+    """A work horse gets SIGTERM when its parent dies (kill -9, a crash), so that its job
+    checkpoints and goes back on the queue (worker.tasks) instead of training on beside the
+    launcher's next worker. The inherited handler is RQ's parent's; until the job function
+    installs its own, SIGTERM kills (the reconciler then requeues the job as lost)."""
+    if not sys.platform.startswith("linux"):
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        reason = os.strerror(ctypes.get_errno())
+        log.warning("work horse: prctl(PR_SET_PDEATHSIG) failed: %s", reason)
+    if os.getppid() != parent:  # it died before prctl took hold: no signal will come
+        log.error("work horse: its worker is gone before the job started")
+        os._exit(1)
+
+
+def wait_for_redis(r: Redis) -> None:
+    """Returns once Redis answers PING, trying again with back-off (1 s doubling to 15 s)."""
+    delay = RETRY_FIRST_S
+    while True:
+        try:
+            r.ping()
+            return
+        except RedisError as e:
+            log.warning("Redis does not answer (%s); trying again in %.0f s", e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+
+def _exit_cleanly(_signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def asked_to_stop(worker: TrainqWorker) -> bool:
+    """SIGINT/SIGTERM reached RQ's handler (warm shutdown), busy or idle."""
+    return bool(worker._stop_requested or worker._shutdown_requested_date is not None)
+
+
+def serve(make_worker: Callable[[], TrainqWorker], r: Redis, *, burst: bool) -> None:
+    """RQ's work loop, started again after Redis failed it (refused, away, full), so that an
+    outage costs latency, not the process: RQ quits its loop on any error, and a worker that
+    exited would make the launcher restart it over and over. Each run is a fresh RQ worker
+    under a fresh name: the last one's key may outlive it (its death went unrecorded)."""
+    delay = RETRY_FIRST_S
+    while True:
+        wait_for_redis(r)
+        try:
+            worker = make_worker()  # RQ names its connection here: Redis may be gone again
+        except RedisError as e:
+            log.warning("Redis failed the worker's start (%s); trying again", e)
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+            continue
+        began = time.monotonic()
+        failed = False
+        try:
+            worker.work(burst=burst, logging_level="INFO", with_scheduler=False)
+        except RedisError as e:
+            failed = True
+            log.warning("the worker loop ended: Redis failed it (%s)", e)
+        finally:
+            # RQ's handlers outlive work(); between runs a signal simply ends the process.
+            signal.signal(signal.SIGTERM, _exit_cleanly)
+            signal.signal(signal.SIGINT, _exit_cleanly)
+        if asked_to_stop(worker) or (burst and not failed):
+            return
+        with contextlib.suppress(RedisError):
+            worker.register_death()  # best effort: health counts this run's key otherwise
+        if time.monotonic() - began > 4 * RETRY_MAX_S:
+            delay = RETRY_FIRST_S  # it ran a good while: this is a new outage
+        log.warning("the worker loop ended on an error; starting it again in %.0f s", delay)
+        time.sleep(delay)
+        delay = min(delay * 2, RETRY_MAX_S)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--name", required=True, help="host and GPU; the process id is appended")
@@ -291,17 +426,24 @@ def main() -> None:
         p.error("TRAINQ_REDIS_URL is not set (trainq worker sets it)")
     configure_json_logging(logging.INFO)
     r = connect(url)
-    worker = TrainqWorker(
-        [args.queue],
-        name=f"{args.name}-{os.getpid()}",  # a restarted worker never clashes with its ghost
-        connection=r,
-        serializer=JSONSerializer,
-        job_class=TrainqJob,  # its queue and registries, maintenance included, hold these
-        queue_class=TrainqQueue,
-        job_monitoring_interval=5,
-        job_timeout_s=settings.job_timeout_s,
-    )
-    worker.work(burst=args.burst, logging_level="INFO", with_scheduler=False)
+    runs = itertools.count()
+
+    def make_worker() -> TrainqWorker:
+        # With the process id, a restarted worker never clashes with its ghost; with the
+        # run's number, a run never clashes with the last one in this process.
+        n = next(runs)
+        return TrainqWorker(
+            [args.queue],
+            name=f"{args.name}-{os.getpid()}" + (f"-{n}" if n else ""),
+            connection=r,
+            serializer=JSONSerializer,
+            job_class=TrainqJob,  # its queue and registries, maintenance included, hold these
+            queue_class=TrainqQueue,
+            job_monitoring_interval=5,
+            job_timeout_s=settings.job_timeout_s,
+        )
+
+    serve(make_worker, r, burst=args.burst)
 
 
 if __name__ == "__main__":

@@ -9,19 +9,20 @@ import hashlib
 import logging
 import os
 import signal
+import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from redis import Redis
 from redis.exceptions import RedisError
 from rq import get_current_job
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from core.config import Settings
@@ -45,6 +46,7 @@ from core.store import (
     dataset_data,
     end_job,
     epoch_metrics,
+    get_dataset,
     get_job,
     latest_checkpoint,
     preempt_job,
@@ -64,6 +66,9 @@ from worker.heartbeat import Heartbeat
 log = logging.getLogger("trainq.worker")
 CANCEL_POLL_S = 0.25
 COMMIT_POLL_S = 0.05
+RETRY_FIRST_S = 0.1  # a database write's first retry; the pause doubles up to RETRY_MAX_S
+RETRY_MAX_S = 2.0
+T = TypeVar("T")
 
 
 def train(
@@ -115,7 +120,6 @@ def _run(
     except ValueError:
         log.error("refusing job %r: trainq job ids are UUIDs", job_id)
         return {"status": JobStatus.failed, "error": "invalid job id"}
-    spec, problem = _validate(raw_spec)
     if via == VIA_API and not _await_commit(db, job_id, settings.commit_wait_s):
         log.warning(
             "refusing queue entry %s: the API never committed job %s (its submission failed "
@@ -124,28 +128,27 @@ def _run(
             job_id,
         )
         return {"status": "refused", "error": "the submission of this job failed"}
-    with db.session() as s:
-        if get_job(s, job_id=job_id) is None:  # submitted straight to the queue
-            create_job(
-                s,
-                job_id=job_id,
-                spec=spec or {"as_sent": raw_spec},
-                owner=owner,
-                queue_entry=queue_entry,
-            )
-    if spec is None:
-        return _fail(db, r, job_id, None, 0, InvalidSpec("spec", problem or "invalid"))
+    spec, refused = _admit(db, job_id, queue_entry, raw_spec, owner)
+    if spec is None or refused is not None:
+        return _fail(db, r, job_id, None, 0, refused or InvalidSpec("spec", "invalid"))
 
     from core.train.device import device_name, resolve_device
 
     device = device_name(resolve_device("auto"))
     with db.session() as s:
-        job = claim_job(s, job_id=job_id, worker=worker_name, device=device)
+        job = claim_job(
+            s, job_id=job_id, worker=worker_name, device=device, queue_entry=queue_entry
+        )
         checkpoint = latest_checkpoint(s, job_id=job_id) if job else None
         resume = (checkpoint.data, checkpoint.step) if checkpoint else None
         history = _history(s, job_id) if checkpoint else []
     if job is None:
-        log.info("job %s is not queued (ended, or running elsewhere); not running it", job_id)
+        log.info(
+            "job %s is not queued under entry %s (ended, running elsewhere, or on the queue "
+            "under another entry); not running it",
+            job_id,
+            queue_entry,
+        )
         return {"status": "skipped"}
     start_step = resume[1] if resume else 0
     sink = _Sink(job_id, job.attempt, worker_name, spec.batch_size, db, r, settings)
@@ -177,6 +180,15 @@ def _run(
     except JobSuperseded as e:
         log.warning("job %s: %s; stopping this attempt", job_id, e.message)
         return {"status": "superseded"}
+    except DatabaseAway as e:
+        log.error(
+            "job %s: attempt %d could not write to the database (%s); it stays running with "
+            "its heartbeat stopped, and the reconciler requeues it from its last checkpoint",
+            job_id,
+            job.attempt,
+            e,
+        )
+        return {"status": "lost"}
     except TrainingPreempted as e:
         return _hand_back(db, r, settings, job, sink, e)
     except TrainqError as e:
@@ -191,6 +203,60 @@ def _run(
         sink.heart.stop()
 
 
+def _admit(
+    db: Database, job_id: str, queue_entry: str, raw_spec: Any, owner: str | None
+) -> tuple[JobSpec | None, InvalidSpec | None]:
+    """The spec to train, or why none. A job that has a row trains the row's spec for the
+    row's owner: the database is the truth, a queue entry only its carrier. A job submitted
+    straight to the queue gets its row here, from the entry, and may use an uploaded data
+    set only if it is the entry's owner's (no owner: an admin's, any set)."""
+    with db.session() as s:
+        row = get_job(s, job_id=job_id)
+        if row is not None:
+            if row.spec != raw_spec or row.owner != owner:
+                log.warning(
+                    "queue entry %s carries a spec or owner other than job %s's row; the row's run",
+                    queue_entry,
+                    job_id,
+                )
+            spec, problem = _validate(row.spec)
+            return spec, None if spec else InvalidSpec("spec", problem or "invalid")
+        spec, problem = _validate(raw_spec)
+        refused = InvalidSpec("spec", problem or "invalid") if spec is None else None
+        if spec is not None and not _may_use(s, spec.dataset, owner):
+            refused = InvalidSpec(
+                "dataset",
+                f"no data set {spec.dataset!r}: upload one with POST /datasets, or list yours "
+                "with GET /datasets",
+            )
+        create_job(
+            s,
+            job_id=job_id,
+            spec=spec or {"as_sent": raw_spec},
+            owner=owner,
+            queue_entry=queue_entry,
+        )
+        if refused is not None:  # ended with its row: no requeue ever runs it
+            end_job(
+                s,
+                job_id=job_id,
+                status=JobStatus.failed,
+                code=refused.code,
+                message=refused.message,
+            )
+    return spec, refused
+
+
+def _may_use(s: Session, dataset: str, owner: str | None) -> bool:
+    """Whether `owner` may train on `dataset`; another owner's set is refused exactly like a
+    missing one, as the API does."""
+    ds_id = user_dataset_id(dataset)
+    if ds_id is None or owner is None:
+        return True
+    ds = get_dataset(s, dataset_id=ds_id)
+    return ds is not None and ds.owner == owner
+
+
 def _history(s: Session, job_id: str) -> list[EpochMetrics]:
     """The epochs the job's earlier attempts finished (stored with their checkpoints)."""
     names = [f.name for f in dataclasses.fields(EpochMetrics)]
@@ -202,8 +268,8 @@ def _history(s: Session, job_id: str) -> list[EpochMetrics]:
 
 def _succeed(sink: _Sink, result: TrainResult) -> dict[str, Any]:
     summary = result.summary()
-    with sink.db.session() as s:
-        ok = succeed_job(
+    ok = sink.write(
+        lambda s: succeed_job(
             s,
             job_id=sink.job_id,
             attempt=sink.attempt,
@@ -212,6 +278,7 @@ def _succeed(sink: _Sink, result: TrainResult) -> dict[str, Any]:
             model=result.model,
             sha256=result.model_sha256,
         )
+    )
     status = JobStatus.succeeded if ok else _status_of(sink.db, sink.job_id)
     sink.status(result.steps, {"status": status, "result": summary})
     return {"status": status, **summary}
@@ -234,6 +301,49 @@ def _unexpected(e: Exception) -> TrainqError:
     return InternalError(
         f"{what[:500]}; the job is not retried, and the worker's log has the traceback"
     )
+
+
+class DatabaseAway(Exception):
+    """A write of a running attempt kept failing with a transient database error for about
+    the heartbeat timeout: the attempt gives the job up to the reconciler."""
+
+
+# SQLite's errors that pass (a full disk freed, a lock released); its other operational
+# errors (a missing table, a read-only file) would only come back.
+_SQLITE_TRANSIENT = ("database or disk is full", "locked", "disk i/o error")
+
+
+def is_transient(e: SQLAlchemyError) -> bool:
+    """A database error that a retry of the same write may outlive: a lost connection, a
+    server restarting or failing over, a full disk, a lock held too long."""
+    if isinstance(e, DBAPIError) and e.connection_invalidated:
+        return True
+    if not isinstance(e, OperationalError | InterfaceError):
+        return False
+    if isinstance(e.orig, sqlite3.Error):
+        return any(m in str(e.orig).lower() for m in _SQLITE_TRANSIENT)
+    return True
+
+
+def retry_write(write: Callable[[Session], T], db: Database, for_s: float, what: str) -> T:
+    """`write` in a transaction of its own, again with back-off while it fails transiently,
+    for up to `for_s`; then DatabaseAway. Every write retried so is idempotent (a re-run
+    replaces what a committed one whose reply was lost stored); JobSuperseded passes."""
+    deadline = time.monotonic() + for_s
+    pause = RETRY_FIRST_S
+    while True:
+        try:
+            with db.session() as s:
+                return write(s)
+        except SQLAlchemyError as e:
+            if not is_transient(e):
+                raise
+            cause = e.orig if isinstance(e, DBAPIError) else e  # not the statement's bytes
+            if time.monotonic() + pause > deadline:
+                raise DatabaseAway(f"{what}: {type(cause).__name__}: {cause}"[:500]) from e
+            log.warning("%s failed (%s); trying again in %.1f s", what, cause, pause)
+        time.sleep(pause)
+        pause = min(pause * 2, RETRY_MAX_S)
 
 
 class _Preemption:
@@ -437,6 +547,12 @@ class _Sink:
         self.last_step = 0
         self.pending_epoch: EpochMetrics | None = None
         self.next_cancel_check = 0.0
+        self.retry_for_s = settings.heartbeat_timeout_s
+
+    def write(self, write: Callable[[Session], T]) -> T:
+        """A write of this attempt, retried through a database blip (retry_write)."""
+        what = f"job {self.job_id}: a database write of attempt {self.attempt}"
+        return retry_write(write, self.db, self.retry_for_s, what)
 
     def callbacks(self) -> Callbacks:
         return Callbacks(
@@ -453,10 +569,11 @@ class _Sink:
         self.stream.flush(force=JobStatus(payload["status"]).terminal)  # the end: try anyway
 
     def on_start(self, info: RunInfo) -> None:
-        with self.db.session() as s:
-            set_total_steps(
+        self.write(
+            lambda s: set_total_steps(
                 s, job_id=self.job_id, attempt=self.attempt, total_steps=info.total_steps
             )
+        )
 
     def on_steps(self, points: Sequence[StepMetrics]) -> None:
         self.heart.touch()
@@ -492,10 +609,11 @@ class _Sink:
         if m is None or m.epoch != epoch:
             raise RuntimeError("checkpoint without its epoch metrics")
         steps = [p for p in self.unsaved if p.step <= m.step]
-        with self.db.session() as s:
-            save_epoch(
+        self.write(
+            lambda s: save_epoch(
                 s, job_id=self.job_id, attempt=self.attempt, epoch=m, steps=steps, checkpoint=blob
             )
+        )
         self.unsaved = [p for p in self.unsaved if p.step > m.step]
         self.heart.touch()
         self.stream.add([epoch_entry(m)])  # after the epoch's steps, however long they wait
@@ -504,8 +622,10 @@ class _Sink:
     def flush_history(self) -> None:
         """A run that stops mid-epoch keeps the steps it made."""
         try:
-            with self.db.session() as s:
-                save_steps(s, job_id=self.job_id, attempt=self.attempt, steps=self.unsaved)
+            steps = self.unsaved
+            self.write(
+                lambda s: save_steps(s, job_id=self.job_id, attempt=self.attempt, steps=steps)
+            )
         except JobSuperseded:
             return
         self.unsaved = []

@@ -14,6 +14,7 @@ import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -25,7 +26,8 @@ from core.store import claim_job, create_dataset, create_job, get_job, save_epoc
 from core.train import train
 from core.train.data import load_dataset
 from tests.conftest import Recorder
-from tests.service import Service, children, fresh_service, wait_until
+from tests.service import Service, children, fresh_service, postgres_database, wait_until
+from tests.wire import WireProxy
 
 RECOVERY = {
     "TRAINQ_HEARTBEAT_TIMEOUT_S": "3",
@@ -213,3 +215,34 @@ def test_a_worker_stopped_outside_the_step_loop_then_killed_is_a_preemption(
     done = ended(c, job["id"], timeout=300)
     assert (done["status"], done["attempt"]) == ("succeeded", 2), done["error"]
     assert job_row(svc, job["id"]) == (1, 1)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from postgres_database()
+
+
+def test_a_database_connection_lost_in_an_epoch_write_is_waited_out(
+    tmp_path: Path, data_dir: Path, pg_url: str
+) -> None:
+    where = urlsplit(pg_url)
+    proxy = WireProxy(where.port or 5432).start()
+    # The checkpoint's INSERT runs, its reply is lost and the connection cut: the worker's
+    # session is gone mid-transaction, as in a server restart or a failover.
+    proxy.drop_reply(b"INSERT INTO checkpoints", 1)
+    try:
+        with fresh_service(tmp_path, data_dir, RECOVERY, api=False) as svc:
+            svc.database_url = pg_url.replace(
+                where.netloc, f"{where.username}@127.0.0.1:{proxy.port}"
+            )
+            svc.migrate()
+            svc.start_api()
+            svc.start_worker()
+            c = svc.client()
+            job = ended(c, str(c.submit({"epochs": 1, "max_steps": 3})["id"]), timeout=240)
+            assert proxy.dropped == 1
+            assert job["status"] == "succeeded", job
+            assert job["attempt"] == 1  # waited out in the attempt, not lost and requeued
+            assert [e["epoch"] for e in c.epochs(job["id"])] == [1]
+    finally:
+        proxy.close()

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from redis import Redis
 from rq import Callback, Queue, Retry
@@ -19,8 +21,13 @@ from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.webhook import Webhook
 
+from api.auth import owner_id
 from core.client import ApiError
+from core.datasets import canonical
+from core.db import Database
 from core.queue import RESULT_TTL_S
+from core.spec import JobSpec
+from core.store import create_dataset, create_job
 from tests.memory import peak_growth_mib
 from tests.service import RedisServer, Service, children, descendants, wait_until
 
@@ -336,3 +343,151 @@ def test_junk_in_rqs_own_lists_never_stops_a_worker(svc: Service, r: Redis) -> N
     run_one(svc)
     assert rq_worker_pid(svc) == fresh
     assert "RQ names no job by it" in svc.logs()
+
+
+def run_to_its_end(r: Redis, entry: str) -> Job:
+    """An entry that trains, once RQ has ended it."""
+    job = Job.fetch(entry, connection=r, serializer=JSONSerializer)
+    wait_until(lambda: job.get_status() in ENDED, 120, f"queue entry {entry} to end", 0.2)
+    return job
+
+
+def queued_row(svc: Service, spec: dict, owner: str | None = None) -> str:
+    """A job row as the API leaves it (queued, its entry its own id), with nothing on the
+    queue yet."""
+    job_id = str(uuid.uuid4())
+    db = Database(svc.database_url)
+    with db.session() as s:
+        create_job(s, job_id=job_id, spec=JobSpec.model_validate(spec), owner=owner)
+    db.dispose()
+    return job_id
+
+
+def test_an_entry_made_up_for_a_queued_job_claims_nothing(svc: Service, r: Redis) -> None:
+    victim = queued_row(svc, SPEC, owner=owner_id(svc.keys[1]))
+    entry = f"{victim}-x1"
+    rq_queue(svc, r).enqueue_call(
+        TASK,
+        kwargs={"spec": {"epochs": 1, "max_steps": 1, "hidden": 1}, "job_id": victim},
+        job_id=entry,
+    )
+    assert run_to_its_end(r, entry).return_value() == {"status": "skipped"}
+    job = svc.client(svc.admin_key).job(victim)
+    assert job["status"] == "queued" and job["attempt"] == 0
+
+
+def test_a_job_with_a_row_trains_the_rows_spec_not_its_entrys(svc: Service, r: Redis) -> None:
+    job_id = queued_row(svc, {**SPEC, "hidden": 24}, owner=owner_id(svc.keys[1]))
+    sent = {"epochs": 1, "max_steps": 1, "hidden": 1}
+    rq_queue(svc, r).enqueue_call(
+        TASK, kwargs={"spec": sent, "owner": owner_id(svc.keys[0])}, job_id=job_id
+    )
+    run_to_its_end(r, job_id)
+    bob = svc.client(svc.keys[1])
+    job = bob.job(job_id)
+    assert job["status"] == "succeeded", job
+    assert job["result"]["steps"] == SPEC["max_steps"]
+    assert bob.record(job_id)["spec"]["hidden"] == 24
+
+
+def stored_dataset(svc: Service, owner: str) -> str:
+    """A small data set of `owner`'s, as an upload stores it."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (96, 1, 28, 28), dtype=np.uint8)
+    y = np.arange(96, dtype=np.int64) % 10
+    ds = canonical(x[32:], y[32:], x[:32], y[:32])
+    ds_id = str(uuid.uuid4())
+    db = Database(svc.database_url)
+    with db.session() as s:
+        create_dataset(
+            s,
+            dataset_id=ds_id,
+            owner=owner,
+            name="bob-secret",
+            npz=ds.npz,
+            sha256=ds.sha256,
+            image_shape=ds.image_shape,
+            num_classes=ds.num_classes,
+            train_count=ds.train_count,
+            test_count=ds.test_count,
+        )
+    db.dispose()
+    return ds_id
+
+
+def test_a_queue_made_job_may_not_use_another_owners_data_set(svc: Service, r: Redis) -> None:
+    bobs, missing = stored_dataset(svc, owner_id(svc.keys[1])), str(uuid.uuid4())
+    alice = svc.client(svc.keys[0])
+    errors = []
+    for ds in (bobs, missing):
+        entry = str(uuid.uuid4())
+        kwargs = {"spec": {**SPEC, "dataset": f"ds:{ds}"}, "owner": owner_id(svc.keys[0])}
+        rq_queue(svc, r).enqueue_call(TASK, kwargs=kwargs, job_id=entry)
+        run_to_its_end(r, entry)
+        job = alice.job(entry)
+        assert job["status"] == "failed" and job["error"]["code"] == "invalid_spec", job
+        assert f"ds:{ds}" in job["error"]["message"]
+        errors.append(job["error"]["message"].replace(ds, "<id>"))
+    assert errors[0] == errors[1]  # Bob's set is told apart from no set at all by nothing
+
+
+# RQ's command channel (rq:pubsub:<worker>) takes a message from anyone who can write to
+# Redis: a worker hears only trainq's own stop-job, and nothing sent there stops it hearing.
+JUNK_COMMANDS = [b"\xff not json", b"[]", b'{"command": 1}', b"{" * 2000]
+RQ_COMMANDS = [b'{"command": "kill-horse"}', b'{"command": "shutdown"}']
+
+
+def worker_name(svc: Service, r: Redis) -> str:
+    """The running RQ worker's name (a killed one's registration may linger a while)."""
+    pid = str(rq_worker_pid(svc)).encode()
+    keys = r.smembers(f"rq:workers:{svc.queue}")
+    (key,) = [k for k in keys if r.hget(k, "pid") == pid]
+    return (key.decode() if isinstance(key, bytes) else key).removeprefix("rq:worker:")
+
+
+@pytest.mark.parametrize("messages", [JUNK_COMMANDS, RQ_COMMANDS], ids=["junk", "rq's own"])
+def test_the_command_channel_hears_only_trainqs_stop(
+    svc: Service, r: Redis, messages: list[bytes]
+) -> None:
+    from core.queue import stop_entry
+
+    worker, channel, c = rq_worker_pid(svc), f"rq:pubsub:{worker_name(svc, r)}", svc.client()
+    job_id = str(c.submit({**SPEC, "epochs": 50, "max_steps": None, "max_restarts": 0})["id"])
+    wait_until(lambda: c.job(job_id)["status"] == "running", 60, "the job to run", 0.1)
+    for message in messages:
+        assert r.publish(channel, message) == 1
+    assert stop_entry(r, job_id)  # heard after them, on the same channel
+    job = ended(r, job_id)
+    assert job.get_status() == JobStatus.STOPPED  # not killed, as kill-horse would
+    assert rq_worker_pid(svc) == worker  # not shut down
+    assert r.pubsub_numsub(channel)[0][1] == 1
+
+
+HEALTH_FRESH_S = 1.0  # how long an API process keeps its last probe (HealthCache)
+
+
+def test_a_worker_registration_rq_cannot_read_costs_no_health_or_metrics(
+    svc: Service, r: Redis
+) -> None:
+    """Anyone who can write to Redis can register a fake worker with a junk date: /health
+    still answers 200 with the real worker, and /metrics counts only it."""
+    real, fake = worker_name(svc, r), f"rq:worker:fake-{uuid.uuid4().hex[:8]}"
+    r.sadd(f"rq:workers:{svc.queue}", fake)
+    r.sadd("rq:workers", fake)
+    r.hset(fake, mapping={"birth": "junk", "last_heartbeat": "junk", "queues": svc.queue})
+    try:
+        admin = svc.client(svc.admin_key).http
+        time.sleep(HEALTH_FRESH_S + 0.5)  # past any probe made before the registration
+        health = admin.get("/health")
+        assert health.status_code == 200, health.text
+        assert health.json()["redis"] is True
+        # Real workers only (one killed by an earlier test may still be registered).
+        names = [w["name"] for w in health.json()["workers"]]
+        assert real in names and fake.removeprefix("rq:worker:") not in names
+        metrics = admin.get("/metrics")
+        assert metrics.status_code == 200, metrics.text
+        assert f"trainq_workers_alive {float(len(names))}" in metrics.text.splitlines()
+    finally:
+        r.srem(f"rq:workers:{svc.queue}", fake)
+        r.srem("rq:workers", fake)
+        r.delete(fake)

@@ -1,0 +1,172 @@
+"""A worker host through Redis outages, a full Redis and a worker killed mid-job: the
+launcher stays up, an RQ worker parent outlives Redis's errors, and a work horse never
+outlives its parent (two jobs would share one GPU)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.client import ApiError, Client
+from tests.service import Service, children, fresh_service, wait_until
+
+FAST_RECOVERY = {
+    "TRAINQ_HEARTBEAT_TIMEOUT_S": "4",
+    "TRAINQ_RECONCILE_INTERVAL_S": "1",
+    "TRAINQ_QUEUE_GRACE_S": "2",
+}
+SPEC = {"epochs": 3, "batch_size": 128, "seed": 5}  # 32 steps an epoch, ~4 s an epoch here
+STEPS = 3 * 32
+
+
+@pytest.fixture
+def svc(tmp_path: Path, data_dir: Path) -> Iterator[Service]:
+    with fresh_service(tmp_path, data_dir, FAST_RECOVERY) as service:
+        yield service
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an ended child its parent has not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def workers_of(launcher: int) -> list[int]:
+    """The launcher's `worker.run` children, running (and horses it adopted: forks of one)."""
+    out = []
+    for pid in children(launcher):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"worker.run" in cmd and running(pid):
+            out.append(pid)
+    return out
+
+
+def worker_log(svc: Service) -> str:
+    assert svc.log_dir is not None
+    return (svc.log_dir / "worker0.log").read_text()
+
+
+def status(c: Client, job_id: str) -> str | None:
+    try:
+        return str(c.job(job_id)["status"])
+    except ApiError as e:
+        if e.status in (404, 503):
+            return None
+        raise
+
+
+def wait_done(c: Client, job_id: str, timeout: float = 180) -> dict:
+    done = ("succeeded", "failed", "canceled")
+    wait_until(lambda: status(c, job_id) in done, timeout, f"job {job_id} to end", 0.2)
+    return c.job(job_id)
+
+
+def wait_step(c: Client, job_id: str, step: int) -> None:
+    def reached() -> bool:
+        try:
+            return c.job(job_id)["progress"]["step"] >= step
+        except ApiError:
+            return False
+
+    wait_until(reached, 120, f"job {job_id} to pass step {step}", 0.1)
+
+
+def assert_every_step_once(c: Client, job_id: str) -> None:
+    items = c.metrics(job_id, limit=5000)["items"]
+    assert [p["step"] for p in items] == list(range(1, STEPS + 1))
+
+
+def test_restart_delay_backs_off_and_clean_exits_never_count() -> None:
+    from worker.launcher import RESTART_MAX_S, Slot, restart_delay
+
+    slot = Slot(gpu=None, name="host-cpu")
+    slot.started = float("inf")  # it never ran long enough to count as stable
+    delays = [restart_delay(slot, 1) for _ in range(10)]
+    assert delays[:3] == [1.0, 2.0, 4.0]
+    assert delays[-1] == RESTART_MAX_S  # and on: it never gives up
+    assert restart_delay(slot, 0) == 0.0
+    assert slot.failures == 10  # the clean exit left the count alone
+
+
+def test_the_launcher_outlasts_a_redis_outage(svc: Service) -> None:
+    """Redis refuses connections while the launcher starts: it used to give up after six
+    worker restarts in a minute. Now the worker waits for Redis, and once Redis is back it
+    registers and runs a job, under the launcher it started with."""
+    svc.redis.kill()
+    launcher = svc.start_worker()
+    wait_until(
+        lambda: launcher.poll() is not None or worker_log(svc).count("Redis does not answer") >= 4,
+        120,
+        "the worker to wait for Redis a few times, or the launcher to give up",
+        0.5,
+    )
+    assert launcher.poll() is None, worker_log(svc)[-2000:]
+    svc.redis.start()
+    svc.wait_for_workers(1)
+    c = svc.client()
+    job = c.submit({"epochs": 1, "max_steps": 2})
+    assert wait_done(c, job["id"])["status"] == "succeeded"
+    assert launcher.poll() is None
+
+
+def test_the_worker_parent_survives_a_full_redis_mid_job(svc: Service) -> None:
+    """Redis at maxmemory with noeviction answers every write with OOM: the RQ parent's
+    heartbeats fail, and it used to quit, orphaning its horse. Now it logs and waits on."""
+    launcher = svc.start_worker()
+    svc.wait_for_workers(1)
+    (parent,) = workers_of(launcher.pid)
+    c = svc.client()
+    job = c.submit(SPEC)
+    wait_step(c, job["id"], 2)
+    r = svc.redis.client()
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", 1)  # full at once: every write answers OOM
+    try:
+        wait_until(
+            lambda: not running(parent) or "job heartbeat of" in worker_log(svc),
+            60,
+            "a job heartbeat under OOM",
+            0.2,
+        )
+    finally:
+        r.config_set("maxmemory", 0)
+    assert running(parent), worker_log(svc)[-3000:]
+    done = wait_done(c, job["id"])
+    assert (done["status"], done["attempt"]) == ("succeeded", 1), done
+    assert_every_step_once(c, job["id"])
+    assert workers_of(launcher.pid) == [parent]
+    r.close()
+
+
+def test_a_worker_killed_mid_job_leaves_no_horse(svc: Service) -> None:
+    """kill -9 of the RQ parent: its horse gets SIGTERM (parent-death signal) and hands
+    the job back, and the launcher starts the next worker only once that horse is gone."""
+    launcher = svc.start_worker()
+    svc.wait_for_workers(1)
+    (parent,) = workers_of(launcher.pid)
+    c = svc.client()
+    job = c.submit(SPEC)
+    wait_step(c, job["id"], 3)
+    (horse,) = [p for p in children(parent) if running(p)]
+    os.kill(parent, signal.SIGKILL)
+    (successor,) = wait_until(
+        lambda: [p for p in workers_of(launcher.pid) if p not in (parent, horse)] or None,
+        120,
+        "the launcher to start another worker",
+        0.05,
+    )
+    assert not running(horse), "a second worker started beside the first one's horse"
+    done = wait_done(c, job["id"])
+    assert done["status"] == "succeeded", done
+    assert_every_step_once(c, job["id"])
+    assert launcher.poll() is None and running(successor)
