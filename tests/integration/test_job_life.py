@@ -72,6 +72,8 @@ from core.stream import (
 from core.train import EpochMetrics, StepMetrics
 from tests.service import RedisServer, Service
 
+pytestmark = pytest.mark.slow  # real workers and services: the full run, not --fast
+
 STEPS_PER_EPOCH = 3
 EPOCHS = 2
 TOTAL_STEPS = STEPS_PER_EPOCH * EPOCHS

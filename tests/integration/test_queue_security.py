@@ -31,6 +31,8 @@ from core.store import create_dataset, create_job
 from tests.memory import peak_growth_mib
 from tests.service import RedisServer, Service, children, descendants, wait_until
 
+pytestmark = pytest.mark.slow  # real workers and services: the full run, not --fast
+
 TASK = "worker.tasks.train"
 SPEC = {"epochs": 1, "max_steps": 3}
 ENDED = (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED)

@@ -11,6 +11,8 @@ import pytest
 
 from tests.service import STRICT, Service
 
+pytestmark = pytest.mark.slow  # real workers and services: the full run, not --fast
+
 CHECKS = "not_a_server_error,response_schema_conformance,content_type_conformance"
 
 
