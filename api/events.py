@@ -80,7 +80,8 @@ def _batch(raw: Any) -> Batch:
 def _for_every_key(kind: str, data: dict[str, Any]) -> dict[str, Any]:
     """An entry as every key that may read the job may see it: the stream is encoded once
     for all its followers, so what is for admins only (the worker's name, which carries
-    its host's: GET /jobs/{id} shows it to an admin key) is left out for everyone."""
+    its host's: GET /jobs/{id} shows it to an admin key) is left out for everyone. Workers
+    no longer publish it; this covers entries older workers wrote (a stream lives 7 days)."""
     if kind != "status":
         return data
     return {k: v for k, v in data.items() if k not in ADMIN_ONLY}

@@ -157,8 +157,7 @@ def _run(
         {
             "status": JobStatus.running,
             "attempt": job.attempt,
-            "worker": worker_name,
-            "device": device,
+            "device": device,  # not the worker's name: events are for every key (api.events)
             "resumed_from_step": start_step,
         },
     )
