@@ -16,7 +16,7 @@ from api.routes import datasets, docs, health, jobs, predict, web
 from api.submissions import Submitter
 from core.config import Settings
 from core.db import Database
-from core.redis_server import connect, connect_async
+from core.local.redis_server import connect, connect_async
 
 MAX_BODY_BYTES = 1 << 20  # a job spec is a few hundred bytes
 IO_THREADS = 4  # api.deps.run_read

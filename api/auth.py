@@ -32,6 +32,12 @@ class Caller:
     owner: str  # a stable, non-secret id derived from the key
     admin: bool
 
+    def can_see(self, owner: str | None) -> bool:
+        """The access policy, for jobs and data sets alike: an admin sees everything, any
+        other key only what it owns (an owner-less job, enqueued straight onto the queue
+        without one, is an admin's)."""
+        return self.admin or owner == self.owner
+
 
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()

@@ -30,14 +30,14 @@ async def get_db(request: Request) -> AsyncIterator[Session]:
     """A session per request for routes that write: they commit explicitly. It connects
     lazily, on the first statement, inside the route's own thread."""
     db: Database = request.app.state.db
-    with db.sessions() as s:
+    with db.manual_session() as s:
         yield s
 
 
 async def get_reader(request: Request) -> AsyncIterator[Session]:
     """A read-only session: on SQLite it never waits for a writer."""
     db: Database = request.app.state.db
-    with db.readers() as s:
+    with db.reader() as s:
         yield s
 
 

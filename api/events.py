@@ -23,7 +23,8 @@ from typing import Any
 
 from redis.asyncio import Redis as AsyncRedis
 
-from core.db import Database, JobStatus
+from core.db import Database
+from core.spec import JobStatus
 from core.store import epoch_metrics, get_job, step_rows
 from core.stream import END, EPOCH, STEP, parse_entries, stream_key
 
@@ -301,7 +302,7 @@ class _Follower:
 def _db_page(db: Database, job_id: str, cursor: Key) -> list[tuple[Key, str, dict[str, Any]]]:
     """The stored steps and epoch ends after `cursor`, in order (a page of steps)."""
     after = cursor[0]
-    with db.readers() as s:
+    with db.reader() as s:
         steps = step_rows(s, job_id=job_id, after=after, limit=DB_PAGE)
         last = steps[-1]["step"] if steps else after
         epochs = [e for e in epoch_metrics(s, job_id=job_id) if after <= e.step <= last]
@@ -319,7 +320,7 @@ def _has_ended(db: Database, job_id: str) -> bool:
 
 
 def _terminal_status(db: Database, job_id: str) -> tuple[int, dict[str, Any]] | None:
-    with db.readers() as s:
+    with db.reader() as s:
         job = get_job(s, job_id=job_id)
         if job is None or not JobStatus(job.status).terminal:
             return None

@@ -16,8 +16,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import CallerDep
 from api.routes.health import registered_workers
-from core.db import Job, JobStatus
+from core.db import Job
 from core.queue import job_queue
+from core.spec import JobStatus
 from core.worker_stats import read_worker_stats
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -37,7 +38,7 @@ class ServiceCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         state = self.app.state
         jobs = GaugeMetricFamily("trainq_jobs", "Jobs by status.", labels=["status"])
-        with state.db.readers() as s:
+        with state.db.reader() as s:
             counts = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
         for status in JobStatus:
             jobs.add_metric([status.value], counts.get(status.value, 0))

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from core.db import JobStatus
+from core.spec import JobStatus
 
 # The database's step columns are 32-bit integers: no cursor past this names a step.
 MAX_STEP = 2**31 - 1

@@ -143,7 +143,7 @@ class Submitter:
 
     def _write(self, batch: list[Submission]) -> list[Outcome | BaseException]:
         plan: list[tuple[str, Job]] = []
-        with self._db.sessions() as s:  # closing it rolls back what was not committed
+        with self._db.manual_session() as s:  # closing it rolls back what was not committed
             try:
                 plan = _plan(s, batch)
                 new = [job for how, job in plan if how == "new"]
@@ -243,7 +243,7 @@ def _committed(db: Database, job_ids: list[str], backend: int | None) -> bool | 
         if i:
             time.sleep(COMMIT_CHECK_PAUSE_S)
         try:
-            with db.readers() as s:
+            with db.reader() as s:
                 settled = backend is None or not _session_alive(s, backend)
                 found = s.scalars(select(Job.id).where(Job.id.in_(job_ids))).first()
         except SQLAlchemyError:

@@ -28,8 +28,9 @@ from urllib.parse import urlsplit
 from sqlalchemy import update
 
 from bench.loadgen import encode_request
-from core.db import Database, Job, JobStatus
+from core.db import Database, Job
 from core.queue import job_queue
+from core.spec import JobStatus
 from tests.service import Service, scratch_service, wait_until
 
 SMALL = {"epochs": 1, "max_steps": 1}
@@ -149,7 +150,7 @@ def main() -> None:
         }
         # The load's thousands of jobs, out of the fan-out's way: canceled in one statement
         # (the API would take one request each) and their queue entries dropped.
-        with Database(svc.database_url).session() as s:
+        with Database(svc.database_url).writer() as s:
             s.execute(update(Job).where(Job.status == JobStatus.queued).values(status="canceled"))
         job_queue(svc.redis.client(), svc.queue).empty()
         svc.start_worker()

@@ -29,7 +29,7 @@ from typing import Any
 from redis import Redis
 from rq import Worker
 
-from core.client import Client
+from client.http import Client
 from core.stream import latest_step, read
 from tests.service import Service, children, kill_group, scratch_service, wait_until
 

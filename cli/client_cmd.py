@@ -13,7 +13,7 @@ from typing import Any
 from tqdm import tqdm
 
 from cli.main import add_spec_options, command, spec_from_args
-from core.client import ApiError, Client
+from client.http import ApiError, Client
 from core.config import Settings
 
 SPARKS = "▁▂▃▄▅▆▇█"

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from core.errors import field_problems
 from core.spec import JobSpec
 
 Command = Callable[[argparse.Namespace], int]
@@ -51,11 +52,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
 
 
 def format_validation_error(e: ValidationError) -> str:
-    lines = ["invalid job spec:"]
-    for err in e.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "spec"
-        lines.append(f"  {field}: {err['msg']}")
-    return "\n".join(lines)
+    return "\n  ".join(["invalid job spec:", *field_problems(e)])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

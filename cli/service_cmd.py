@@ -14,7 +14,7 @@ import time
 
 from cli.main import command
 from core.config import Settings
-from core.keys import load_or_create_key
+from core.local.keys import load_or_create_key
 
 log = logging.getLogger("trainq.reconcile")
 
@@ -52,7 +52,7 @@ def _check_schema(url: str) -> str | None:
     from alembic.script import ScriptDirectory
 
     from core.db import make_engine
-    from core.migrate import alembic_config
+    from core.local.migrate import alembic_config
 
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     engine = make_engine(url)
@@ -68,7 +68,7 @@ def _check_schema(url: str) -> str | None:
 
 @command("migrate", "Create or upgrade the database schema (Alembic, to head).", _no_options)
 def migrate_command(_: argparse.Namespace) -> int:
-    from core.migrate import upgrade
+    from core.local.migrate import upgrade
 
     settings = Settings()
     upgrade(settings.resolved_database_url)
@@ -108,7 +108,7 @@ def _serve(settings: Settings) -> int:
     import uvicorn
 
     from api.app import create_app
-    from core.redis_server import redis_url
+    from core.local.redis_server import redis_url
 
     url = redis_url(settings)
     app = create_app(settings, url)
@@ -143,7 +143,7 @@ def _worker_options(p: argparse.ArgumentParser) -> None:
 
 @command("worker", "Run one RQ worker per GPU (or one on the CPU).", _worker_options)
 def worker_command(args: argparse.Namespace) -> int:
-    from core.redis_server import redis_url
+    from core.local.redis_server import redis_url
     from worker.launcher import parse_gpus, run_workers
     from worker.reconciler import Reconciler
 
@@ -173,8 +173,8 @@ def _up_options(p: argparse.ArgumentParser) -> None:
 
 @command("up", "Everything on one machine: Redis, migrated DB, API, workers.", _up_options)
 def up_command(args: argparse.Namespace) -> int:
-    from core.migrate import upgrade
-    from core.redis_server import start_embedded, stop_embedded
+    from core.local.migrate import upgrade
+    from core.local.redis_server import start_embedded, stop_embedded
 
     settings = Settings()
     if args.host:

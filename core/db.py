@@ -7,7 +7,6 @@ import datetime as dt
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from enum import StrEnum
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -35,23 +34,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ColumnElement, FunctionElement, literal
 
 from core.config import Settings
-
-
-class JobStatus(StrEnum):
-    """One status enum for the DB column, the API schema and the worker."""
-
-    queued = "queued"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    canceled = "canceled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL
-
-
-TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.canceled})
+from core.spec import JobStatus
 
 
 def utcnow() -> dt.datetime:
@@ -144,7 +127,7 @@ class Job(Base):
     finished_at: Mapped[dt.datetime | None]
     heartbeat_at: Mapped[dt.datetime | None]
     attempt: Mapped[int] = mapped_column(Integer, default=0)
-    # Attempts that a stopping worker handed back (SIGTERM): not restarts (core.reconcile).
+    # Attempts that a stopping worker handed back (SIGTERM): not restarts (worker.reconciler).
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     # The attempt whose worker was asked to stop (SIGTERM), written as the request arrives:
     # should it die before it hands the job back, that loss is a preemption too.
@@ -245,7 +228,7 @@ READ_ONLY = "trainq_read_only"
 def make_engine(url: str, *, busy_timeout_s: float = 15.0, pooled: bool = False) -> Engine:
     """SQLite: WAL, a busy timeout, and BEGIN IMMEDIATE for transactions that may write, so
     that two writers queue up instead of failing later with 'database is locked'; read-only
-    sessions (`Database.readers`) begin DEFERRED and, in WAL mode, never wait for a writer.
+    sessions (`Database.reader`) begin DEFERRED and, in WAL mode, never wait for a writer.
     `pooled` keeps connections open between uses (the API); the default opens one per use,
     which is safe across the workers' forks. PostgreSQL: a plain pooled engine."""
     if not url.startswith("sqlite"):
@@ -312,15 +295,15 @@ class _WriterLock:
 
 
 class Database:
-    """An engine and its session factories: `sessions` for transactions that may write,
-    `readers` for read-only ones."""
+    """An engine and the three ways to use it: `writer()` for a transaction that may write
+    (committed on success, rolled back on any error), `reader()` for a read-only one, and
+    `manual_session()` for the rare caller that commits by hand."""
 
     def __init__(self, url: str, busy_timeout_s: float = 15.0, pooled: bool = False) -> None:
-        self.url = url
         self.local = url.startswith("sqlite")  # a file on this machine, not a server
         self.engine = make_engine(url, busy_timeout_s=busy_timeout_s, pooled=pooled)
-        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self.readers = sessionmaker(
+        self._writers = sessionmaker(self.engine, expire_on_commit=False)
+        self._readers = sessionmaker(
             self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False
         )
 
@@ -331,10 +314,20 @@ class Database:
         )
 
     @contextmanager
-    def session(self) -> Iterator[Session]:
+    def writer(self) -> Iterator[Session]:
         """A transaction: committed on success, rolled back on any error."""
-        with self.sessions.begin() as s:
+        with self._writers.begin() as s:
             yield s
+
+    @contextmanager
+    def reader(self) -> Iterator[Session]:
+        """A read-only session (on SQLite it never waits for a writer); closed at the end."""
+        with self._readers() as s:
+            yield s
+
+    def manual_session(self) -> Session:
+        """A session the caller commits itself; closing it rolls back what was not committed."""
+        return self._writers()
 
     def dispose(self) -> None:
         self.engine.dispose()

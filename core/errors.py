@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
+
+def field_problems(e: ValidationError) -> list[str]:
+    """Pydantic's errors as `field: message` lines, for the CLI and a failed job's reason."""
+    return [f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {err['msg']}" for err in e.errors()]
+
 
 class TrainqError(Exception):
     """Base class. `code` is the stable machine-readable name reported with a failed job."""

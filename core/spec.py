@@ -18,6 +18,23 @@ def user_dataset_id(name: str) -> str | None:
     return name.removeprefix(USER_DATASET_PREFIX) if name.startswith(USER_DATASET_PREFIX) else None
 
 
+class JobStatus(StrEnum):
+    """One status enum for the DB column, the API schema, the stream, the client and the worker."""
+
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    canceled = "canceled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.canceled})
+
+
 class Amp(StrEnum):
     auto = "auto"  # the fastest correct choice for the device (see core.train.device)
     fp16 = "fp16"  # CUDA only, with a GradScaler

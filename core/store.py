@@ -16,20 +16,18 @@ from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
 from core.db import (
-    TERMINAL,
     Artifact,
     Checkpoint,
     DbTime,
     EpochMetric,
     Job,
-    JobStatus,
     StepMetric,
     UserDataset,
     db_now,
     utcnow,
 )
 from core.errors import JobSuperseded
-from core.spec import JobSpec
+from core.spec import TERMINAL, JobSpec, JobStatus
 
 if TYPE_CHECKING:
     from core.train import EpochMetrics, StepMetrics
@@ -182,7 +180,7 @@ def heartbeat(s: Session, *, job_id: str, attempt: int) -> bool:
 
 
 def record_stop_request(s: Session, *, job_id: str, attempt: int) -> None:
-    """The attempt's worker was asked to stop (core.reconcile counts its loss, should it
+    """The attempt's worker was asked to stop (worker.reconciler counts its loss, should it
     die before it hands the job back, as a preemption). Not a heartbeat: a stalled attempt
     stays silent."""
     s.execute(

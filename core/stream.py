@@ -33,7 +33,7 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
-from core.db import JobStatus
+from core.spec import JobStatus
 
 if TYPE_CHECKING:
     from core.train import EpochMetrics, StepMetrics

@@ -103,7 +103,7 @@ class Heartbeat:
         (SQLite locked past its busy timeout, the database briefly away) is skipped: the
         next one tries again, well within the heartbeat timeout."""
         try:
-            with self.db.session() as s:
+            with self.db.writer() as s:
                 if heartbeat(s, job_id=self.job_id, attempt=self.attempt):
                     self.cancel_requested = True
         except JobSuperseded:
@@ -116,7 +116,7 @@ class Heartbeat:
     def _record_stop_request(self) -> None:
         """Written once; a write that fails is tried again at the next poll."""
         try:
-            with self.db.session() as s:
+            with self.db.writer() as s:
                 record_stop_request(s, job_id=self.job_id, attempt=self.attempt)
         except Exception as e:  # the thread must outlive any one failed write
             log.warning("job %s: stop request not recorded yet (%s)", self.job_id, e)

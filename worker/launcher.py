@@ -143,7 +143,7 @@ def restart_delay(slot: Slot, returncode: int) -> float:
     if time.monotonic() - slot.started >= STABLE_S:
         slot.failures = 0
     slot.failures += 1
-    return min(RESTART_FIRST_S * 2 ** (slot.failures - 1), RESTART_MAX_S)
+    return min(RESTART_FIRST_S * 2.0 ** (slot.failures - 1), RESTART_MAX_S)
 
 
 def run_workers(
@@ -179,7 +179,7 @@ def run_workers(
     while True:
         alive = [s for s in slots if s.proc and s.proc.poll() is None]
         if not alive and (stopping or burst):
-            return max(abs(s.proc.returncode or 0) for s in slots if s.proc)
+            return max(abs(int(s.proc.returncode or 0)) for s in slots if s.proc)
         adopted = orphans is not None and orphans.running(slots)
         for s in slots:
             if s.proc and s.proc.poll() is not None and not stopping and not burst:

@@ -1,18 +1,174 @@
-"""The reconciler as the worker launcher runs it: one pass at a time, never fatal."""
+"""The reconciler: the database is the source of truth, and this keeps the queue true to it.
+
+Run periodically (`Reconciler`) by every `trainq worker` launcher and by `trainq serve`
+(the guarded updates let any number run at once). It heals three drifts:
+- a running job whose attempt stopped writing heartbeats (its worker died, or its trainer
+  made no progress for TRAINQ_STALL_TIMEOUT_S, so it stopped beating): requeued to resume
+  from its last checkpoint, up to the spec's `max_restarts`, then failed with
+  `worker_lost`; an attempt whose worker had been asked to stop (SIGTERM) and was killed
+  before it could hand the job back is a preemption, not a restart; a lost job that was
+  being canceled ends `canceled`; a silent work horse that is still there (stuck rather
+  than dead) gets RQ's stop command;
+- a queued job with no live queue entry (a crash between the insert and the enqueue, or a
+  Redis that came back empty): enqueued again.
+
+Silence and waiting are judged by the database's clock alone (core.db.db_now): the times
+are written with it and compared with it in SQL, so no host's clock, however far off,
+makes a live attempt lost or hides a dead one.
+"""
 
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
+from redis import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from core.config import Settings
-from core.db import Database
-from core.reconcile import reconcile_once
-from core.redis_server import connect
+from core.db import Database, Job, as_utc, db_ago
+from core.local.redis_server import connect
+from core.queue import enqueue_job, entry_is_live, stop_entry
+from core.spec import JobStatus
+from core.store import end_job, lost_jobs, requeue_job, set_queue_entry, stale_queued_jobs
+from core.stream import publish_status
 
 log = logging.getLogger("trainq.reconcile")
+
+
+@dataclass
+class Report:
+    requeued: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    reenqueued: list[str] = field(default_factory=list)
+
+
+def reconcile_once(db: Database, r: Redis, settings: Settings) -> Report:
+    """One pass. Each job is handled on its own: one that fails (junk a Redis writer put in
+    its queue entry, say) is logged and the pass goes on to the next; Redis or the database
+    being away ends the pass."""
+    report = Report()
+    with db.writer() as s:
+        lost = list(lost_jobs(s, silent_since=db_ago(settings.heartbeat_timeout_s)))
+    for job in lost:
+        with _on_its_own(job):
+            _handle_lost(db, r, settings, job, report)
+    with db.writer() as s:
+        waiting = list(stale_queued_jobs(s, enqueued_before=db_ago(settings.queue_grace_s)))
+    for job in waiting:
+        with _on_its_own(job):
+            _handle_waiting(db, r, settings, job, report)
+    return report
+
+
+@contextmanager
+def _on_its_own(job: Job) -> Iterator[None]:
+    try:
+        yield
+    except (RedisError, SQLAlchemyError, OSError):
+        raise  # away: the whole pass is skipped, and the next one tries again
+    except Exception:
+        log.exception("job %s could not be reconciled; the pass goes on", job.id)
+
+
+def _handle_waiting(db: Database, r: Redis, settings: Settings, job: Job, report: Report) -> None:
+    if job.queue_entry and entry_is_live(r, job.queue_entry):
+        return
+    entry = f"{job.id}-q{uuid.uuid4().hex[:8]}"
+    with db.writer() as s:
+        if not set_queue_entry(s, job_id=job.id, queue_entry=entry, seen=job.queue_entry):
+            return  # another reconciler (or a worker) got there first
+    _enqueue(r, settings, job, entry)
+    report.reenqueued.append(job.id)
+    log.warning("job %s was queued but not on the queue; enqueued again", job.id)
+
+
+def _handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: Report) -> None:
+    # `job` may be a stale read: each update below also requires the attempt to be silent
+    # still, so an attempt that beat since then (alive after all) is left alone.
+    silent_since = db_ago(settings.heartbeat_timeout_s)
+    # An attempt handed back by a stopping worker (a preemption) is not a restart, and
+    # neither is one whose worker was asked to stop and killed before it could hand back.
+    preempted = job.stop_requested_attempt == job.attempt
+    restarts_used = max(job.attempt - 1 - job.preemptions, 0)
+    max_restarts = int(job.spec.get("max_restarts", 2))
+    seen = f"last heartbeat {as_utc(job.heartbeat_at)}"  # the job's message: no host in it
+    if job.cancel_requested or (not preempted and restarts_used >= max_restarts):
+        status = JobStatus.canceled if job.cancel_requested else JobStatus.failed
+        code = "canceled" if job.cancel_requested else "worker_lost"
+        message = f"the worker running attempt {job.attempt} was lost ({seen})" + (
+            "" if job.cancel_requested else f"; max_restarts {max_restarts} used up"
+        )
+        with db.writer() as s:
+            moved = end_job(
+                s,
+                job_id=job.id,
+                status=status,
+                code=code,
+                message=message,
+                from_statuses=(JobStatus.running,),
+                attempt=job.attempt,
+                silent_since=silent_since,
+            )
+        if moved:
+            log.warning("job %s lost its worker %s (%s): %s", job.id, job.worker, seen, status)
+            _stop_silent_horse(r, job)
+            report.failed.append(job.id)
+            _publish(r, job, {"status": status, "error": {"code": code, "message": message}})
+        return
+    entry = f"{job.id}-a{job.attempt + 1}"
+    with db.writer() as s:
+        if not requeue_job(
+            s,
+            job_id=job.id,
+            attempt=job.attempt,
+            queue_entry=entry,
+            silent_since=silent_since,
+            preempted=preempted,
+        ):
+            return
+    _stop_silent_horse(r, job)
+    _enqueue(r, settings, job, entry)
+    report.requeued.append(job.id)
+    log.warning(
+        "job %s lost its worker %s (%s%s); requeued as attempt %d",
+        job.id,
+        job.worker,
+        seen,
+        ", asked to stop: a preemption" if preempted else "",
+        job.attempt + 1,
+    )
+
+
+def _stop_silent_horse(r: Redis, job: Job) -> None:
+    """A lost attempt may be stuck rather than dead: stop its work horse, if any, so that it
+    frees its GPU (its writes are fenced off either way). Sent only once the job has moved
+    on: an attempt that turned out alive is never stopped."""
+    if job.queue_entry and stop_entry(r, job.queue_entry):
+        log.warning("job %s: sent RQ's stop command to its silent work horse", job.id)
+
+
+def _enqueue(r: Redis, settings: Settings, job: Job, entry: str) -> None:
+    enqueue_job(
+        r,
+        queue=settings.queue,
+        job_id=job.id,
+        spec=job.spec,
+        owner=job.owner,
+        timeout_s=settings.job_timeout_s,
+        queue_entry=entry,
+    )
+
+
+def _publish(r: Redis, job: Job, payload: dict[str, object]) -> None:
+    try:
+        publish_status(r, job.id, job.progress_step, payload, attempt=job.attempt)
+    except Exception as e:  # the stream is best effort; the database has the truth
+        log.warning("could not publish the status of job %s: %s", job.id, e)
 
 
 class Reconciler:

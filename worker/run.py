@@ -37,6 +37,7 @@ from rq.utils import now
 
 import worker.tasks  # the job function and all it imports, ready in each fork
 from core.config import Settings
+from core.local.redis_server import READ_TIMEOUT_S, connect, use_read_timeout
 from core.logs import configure_json_logging
 from core.queue import (
     FAILURE_TTL_S,
@@ -50,7 +51,6 @@ from core.queue import (
     inflate,
     read_entry,
 )
-from core.redis_server import READ_TIMEOUT_S, connect, use_read_timeout
 
 log = logging.getLogger("trainq.worker")
 

@@ -26,7 +26,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlch
 from sqlalchemy.orm import Session
 
 from core.config import Settings
-from core.db import Database, Job, JobStatus, UserDataset
+from core.db import Database, Job, UserDataset
 from core.errors import (
     DatasetNotFound,
     InternalError,
@@ -36,10 +36,11 @@ from core.errors import (
     TrainingPreempted,
     TrainingStopped,
     TrainqError,
+    field_problems,
 )
 from core.logs import current_job
 from core.queue import VIA_API, enqueue_job
-from core.spec import JobSpec, user_dataset_id
+from core.spec import JobSpec, JobStatus, user_dataset_id
 from core.store import (
     claim_job,
     create_job,
@@ -135,7 +136,7 @@ def _run(
     from core.train.device import device_name, resolve_device
 
     device = device_name(resolve_device("auto"))
-    with db.session() as s:
+    with db.writer() as s:
         job = claim_job(
             s, job_id=job_id, worker=worker_name, device=device, queue_entry=queue_entry
         )
@@ -209,7 +210,7 @@ def _admit(
     row's owner: the database is the truth, a queue entry only its carrier. A job submitted
     straight to the queue gets its row here, from the entry, and may use an uploaded data
     set only if it is the entry's owner's (no owner: an admin's, any set)."""
-    with db.session() as s:
+    with db.writer() as s:
         row = get_job(s, job_id=job_id)
         if row is not None:
             if row.spec != raw_spec or row.owner != owner:
@@ -332,7 +333,7 @@ def retry_write(write: Callable[[Session], T], db: Database, for_s: float, what:
     pause = RETRY_FIRST_S
     while True:
         try:
-            with db.session() as s:
+            with db.writer() as s:
                 return write(s)
         except SQLAlchemyError as e:
             if not is_transient(e):
@@ -386,7 +387,7 @@ def _hand_back(
     (one transaction), and onto the queue at once, to resume at the next step elsewhere.
     Should the enqueue fail, the reconciler enqueues the queued job after its grace."""
     entry = f"{job.id}-p{job.attempt}"  # one preemption per attempt: a fresh entry id
-    with db.session() as s:
+    with db.writer() as s:
         moved = preempt_job(
             s,
             job_id=job.id,
@@ -423,7 +424,7 @@ def _await_commit(db: Database, job_id: str, bound_s: float) -> bool:
     it a moment after the enqueue, or rolls it back (then it never comes)."""
     deadline = time.monotonic() + bound_s
     while True:
-        with db.readers() as s:
+        with db.reader() as s:
             if get_job(s, job_id=job_id) is not None:
                 return True
         if time.monotonic() >= deadline:
@@ -439,7 +440,7 @@ def place_dataset(db: Database, data_dir: Path, name: str) -> None:
     if ds_id is None:
         return
     path = user_dataset_path(name, data_dir)
-    with db.session() as s:
+    with db.writer() as s:
         if path.exists():
             row = s.get(UserDataset, ds_id)
             if row is not None and _sha256(path) == row.sha256:
@@ -468,17 +469,14 @@ def _validate(raw: Any) -> tuple[JobSpec | None, str | None]:
     try:
         return JobSpec.model_validate(raw), None
     except ValidationError as e:
-        parts = [
-            f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {err['msg']}" for err in e.errors()
-        ]
-        return None, "; ".join(parts)
+        return None, "; ".join(field_problems(e))
 
 
 def _fail(
     db: Database, r: Redis, job_id: str, attempt: int | None, step: int, e: TrainqError
 ) -> dict[str, Any]:
     status = JobStatus.canceled if isinstance(e, TrainingStopped) else JobStatus.failed
-    with db.session() as s:
+    with db.writer() as s:
         end_job(s, job_id=job_id, status=status, code=e.code, message=e.message, attempt=attempt)
     row = job_row(db, job_id)
     final = row[1] if row else JobStatus.failed
@@ -497,13 +495,13 @@ def _fail(
 def job_row(db: Database, job_id: str) -> tuple[int, JobStatus] | None:
     """The job row's attempt and status now: what proves an attempt's ownership where the
     stream's fence went missing (core.stream.Publisher)."""
-    with db.readers() as s:
+    with db.reader() as s:
         job = get_job(s, job_id=job_id)
         return (job.attempt, JobStatus(job.status)) if job else None
 
 
 def _status_of(db: Database, job_id: str) -> JobStatus:
-    with db.session() as s:
+    with db.writer() as s:
         job = get_job(s, job_id=job_id)
         return JobStatus(job.status) if job else JobStatus.failed
 

@@ -62,7 +62,7 @@ def dataset_out(ds: UserDataset) -> DatasetOut:
 def visible_dataset(session: Session, caller: Caller, dataset_id: str) -> UserDataset | None:
     """The data set, if this caller may see (and so train on) it."""
     ds = get_dataset(session, dataset_id=dataset_id)
-    if ds is None or not (caller.admin or ds.owner == caller.owner):
+    if ds is None or not caller.can_see(ds.owner):
         return None
     return ds
 

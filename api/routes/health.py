@@ -97,7 +97,7 @@ def _probe(request: Request) -> Health:
     db: Database = request.app.state.db
     settings = request.app.state.settings
     try:
-        with db.readers() as s:
+        with db.reader() as s:
             s.execute(text("SELECT 1"))
         db_ok = True
     except Exception:

@@ -24,8 +24,8 @@ from api.errors import RETRY_AFTER_S
 from api.events import event_stream
 from api.schemas import MAX_STEP, METRIC_FIELDS, EpochOut, JobOut, JobPage, MetricPage, Problem
 from api.submissions import OutcomeUnknown, Submitter
-from core.db import Database, Job, JobStatus, as_utc
-from core.spec import JobSpec, user_dataset_id
+from core.db import Database, Job, as_utc
+from core.spec import JobSpec, JobStatus, user_dataset_id
 from core.store import (
     epoch_metrics,
     get_artifact,
@@ -93,15 +93,15 @@ def job_out(job: Job, caller: Caller, r: Redis | None = None) -> JobOut:
 def visible_status(session: Session, caller: Caller, job_id: str) -> str:
     """visible_job's check for routes that need only the status (no JSON columns loaded)."""
     row = job_access(session, job_id=job_id)
-    if row is None or not (caller.admin or row.owner == caller.owner):
+    if row is None or not caller.can_see(row.owner):
         raise HTTPException(404, detail=f"no job {job_id}")
-    return row.status
+    return str(row.status)
 
 
 def visible_job(session: Session, caller: Caller, job_id: uuid.UUID) -> Job:
     """The job, if this caller may see it; 404 otherwise (others' jobs are not revealed)."""
     job = get_job(session, job_id=str(job_id))
-    if job is None or not (caller.admin or job.owner == caller.owner):
+    if job is None or not caller.can_see(job.owner):
         raise HTTPException(404, detail=f"no job {job_id}")
     return job
 
@@ -147,9 +147,9 @@ def _check_dataset(db: Database, caller: Caller, spec: JobSpec) -> None:
     ds_id = user_dataset_id(spec.dataset)
     if ds_id is None:
         return
-    with db.readers() as session:
+    with db.reader() as session:
         ds = get_dataset(session, dataset_id=ds_id)
-    if ds is None or not (caller.admin or ds.owner == caller.owner):
+    if ds is None or not caller.can_see(ds.owner):
         problem = {
             "loc": ["body", "dataset"],
             "msg": f"no data set {ds_id}: upload one with POST /datasets, or list yours "
@@ -262,7 +262,7 @@ async def get_metrics(
 def _stored_steps(
     db: Database, caller: Caller, job_id: str, after: int, limit: int
 ) -> tuple[str, list[dict[str, Any]]]:
-    with db.readers() as session:
+    with db.reader() as session:
         status = visible_status(session, caller, job_id)
         return status, step_rows(session, job_id=job_id, after=after, limit=limit)
 
@@ -301,7 +301,7 @@ async def get_events(
 
 
 def _visible_status(db: Database, caller: Caller, job_id: str) -> str:
-    with db.readers() as session:
+    with db.reader() as session:
         return visible_status(session, caller, job_id)
 
 

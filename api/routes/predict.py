@@ -50,7 +50,8 @@ from api.auth import Caller
 from api.deps import CallerDep, ReaderDep
 from api.routes.jobs import ERRORS, JobId, visible_job
 from api.schemas import Problem
-from core.db import Artifact, JobStatus
+from core.db import Artifact
+from core.spec import JobStatus
 from core.store import get_artifact
 
 if TYPE_CHECKING:

@@ -45,7 +45,8 @@ def verify_torchscript(blob: bytes, x: torch.Tensor, expected: torch.Tensor) -> 
 
 def load_torchscript(blob: bytes, device: str = "cpu") -> torch.jit.ScriptModule:
     with _torchscript_quiet():
-        return torch.jit.load(io.BytesIO(blob), map_location=device).eval()
+        module: torch.jit.ScriptModule = torch.jit.load(io.BytesIO(blob), map_location=device)
+        return module.eval()
 
 
 @contextmanager

@@ -65,7 +65,8 @@ class Net(nn.Module):
         # flatten, not view: view fails on a channels_last tensor, and both cost the same.
         x = torch.flatten(x, 1)
         x = torch.relu(self.fc1(x))
-        return self.fc2(x)
+        logits: torch.Tensor = self.fc2(x)
+        return logits
 
 
 class Normalized(nn.Module):
@@ -82,4 +83,5 @@ class Normalized(nn.Module):
         self.register_buffer("inv_std", torch.tensor(1.0 / std))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net((x - self.mean) * self.inv_std)
+        logits: torch.Tensor = self.net((x - self.mean) * self.inv_std)
+        return logits

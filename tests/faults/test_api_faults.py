@@ -17,7 +17,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 from sqlalchemy import func, select
 
-from core.client import ApiError, Client
+from client.http import ApiError, Client
 from core.db import Database, Job
 from tests.service import RedisServer, Service, kill_group, postgres_database, wait_until
 from tests.wire import WireProxy
@@ -119,7 +119,7 @@ def test_a_lost_reply_of_the_enqueue_means_no_job_now_or_later(
     assert list(admin.jobs()) == []
     db = Database(svc.database_url)
     try:
-        with db.readers() as s:
+        with db.reader() as s:
             assert s.scalar(select(func.count()).select_from(Job)) == 0
     finally:
         db.dispose()

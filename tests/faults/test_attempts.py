@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
-from core.client import ApiError, Client
+from client.http import ApiError, Client
 from core.db import Database
 from core.spec import JobSpec
 from core.store import claim_job, create_dataset, create_job, get_job, save_epoch
@@ -70,12 +70,12 @@ def ended(c: Client, job_id: str, timeout: float = 120) -> dict:
 def store_lost_attempt(db: Database, job_id: str, run: Recorder) -> None:
     """What a worker's attempt stored, epoch by epoch (its steps, metrics and checkpoint,
     from the real trainer, through the real store), before it died in export."""
-    with db.session() as s:
+    with db.writer() as s:
         claim_job(s, job_id=job_id, worker="a-host-that-died", device="cpu")
     stored = 0
     for m, (_, blob) in zip(run.epochs, run.checkpoints, strict=True):
         steps = [p for p in run.steps if stored < p.step <= m.step]
-        with db.session() as s:
+        with db.writer() as s:
             save_epoch(s, job_id=job_id, attempt=1, epoch=m, steps=steps, checkpoint=blob)
         stored = m.step
 
@@ -86,7 +86,7 @@ def test_a_job_lost_after_its_last_checkpoint_resumes_and_succeeds(
     spec = JobSpec(epochs=2, batch_size=256, seed=7)  # 16 steps an epoch
     job_id = str(uuid.uuid4())
     db = Database(svc.database_url)
-    with db.session() as s:
+    with db.writer() as s:
         create_job(s, job_id=job_id, spec=spec, owner=None)
     run = Recorder()
     train(spec, data_dir=svc.data_dir, callbacks=run.callbacks())
@@ -120,7 +120,7 @@ def insert_dataset(svc: Service, x: np.ndarray, y: np.ndarray, n_test: int) -> s
     blob = buf.getvalue()
     ds_id = str(uuid.uuid4())
     db = Database(svc.database_url)
-    with db.session() as s:
+    with db.writer() as s:
         create_dataset(
             s,
             dataset_id=ds_id,
@@ -186,7 +186,7 @@ def job_row(svc: Service, job_id: str) -> tuple[int | None, int]:
     """(stop_requested_attempt, preemptions) as the database has them."""
     db = Database(svc.database_url)
     try:
-        with db.session() as s:
+        with db.writer() as s:
             job = get_job(s, job_id=job_id)
             assert job is not None
             return job.stop_requested_attempt, job.preemptions

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.client import ApiError, Client
+from client.http import ApiError, Client
 from core.db import Database
 from core.spec import JobSpec
 from core.store import create_job, get_job
@@ -168,7 +168,7 @@ def test_sigterm_preempts_mid_epoch_and_the_job_resumes_at_once_elsewhere(
     # From a mid-epoch checkpoint at or after the step seen before SIGTERM, not epoch 1's.
     assert resumed["resumed_from_step"] >= stopped["progress"]["step"]
     db = Database(svc.database_url)
-    with db.session() as s:
+    with db.writer() as s:
         row = get_job(s, job_id=job["id"])
         assert row is not None and row.preemptions == 1
     db.dispose()
@@ -245,7 +245,7 @@ def test_redis_restarted_empty_requeues_queued_jobs(svc: Service, tmp_path: Path
 def test_crash_between_insert_and_enqueue_is_healed(svc: Service, tmp_path: Path) -> None:
     job_id = str(uuid.uuid4())
     db = Database(svc.database_url)
-    with db.session() as s:  # what the API had written when it died before enqueueing
+    with db.writer() as s:  # what the API had written when it died before enqueueing
         create_job(s, job_id=job_id, spec=JobSpec(epochs=1, batch_size=128), owner=None)
     db.dispose()
     svc.start_worker()

@@ -51,7 +51,7 @@ def test_a_worker_killed_between_dequeue_and_claim_leaves_a_job_that_runs_once(
     kill_group(worker)  # while it waits for the row, before any claim
     db = Database(svc.database_url)
     try:
-        with db.session() as s:
+        with db.writer() as s:
             create_job(s, job_id=job_id, spec=JobSpec(**SPEC), owner=None, queue_entry=job_id)
     finally:
         db.dispose()

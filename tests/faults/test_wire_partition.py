@@ -29,7 +29,7 @@ def svc(tmp_path: Path, data_dir: Path) -> Iterator[Service]:
 
 def beat(db: Database, job_id: str) -> tuple[dt.datetime | None, str]:
     """The job row's heartbeat (written from the training loop) and status."""
-    with db.session() as s:
+    with db.writer() as s:
         job = get_job(s, job_id=job_id)
         assert job is not None
         return as_utc(job.heartbeat_at), str(job.status)

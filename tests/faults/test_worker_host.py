@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from core.client import ApiError, Client
+from client.http import ApiError, Client
 from tests.service import Service, children, fresh_service, wait_until
 
 FAST_RECOVERY = {

@@ -16,7 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from core.db import Database
-from core.migrate import upgrade
+from core.local.migrate import upgrade
 from core.spec import JobSpec
 from core.store import claim_job, create_job, get_job, latest_checkpoint, save_epoch
 from core.train import EpochMetrics
@@ -38,12 +38,12 @@ def test_a_checkpoint_over_the_blob_limit_is_internal_with_the_databases_reason(
         dbapi_conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, BLOB_LIMIT)
 
     job_id = str(uuid.uuid4())
-    with db.session() as s:
+    with db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec(), owner=None)
-    with db.session() as s:
+    with db.writer() as s:
         claim_job(s, job_id=job_id, worker="w", device="cpu")
     epoch = EpochMetrics(1, 10, 0.5, 0.9, 0.4, 0.9, 1.0, 100.0)
-    with pytest.raises(SQLAlchemyError) as refused, db.session() as s:
+    with pytest.raises(SQLAlchemyError) as refused, db.writer() as s:
         save_epoch(
             s,
             job_id=job_id,
@@ -67,9 +67,9 @@ def claimed(tmp_path: Path) -> Iterator[tuple[Database, str]]:
     upgrade(url)
     db = Database(url)
     job_id = str(uuid.uuid4())
-    with db.session() as s:
+    with db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec(), owner=None)
-    with db.session() as s:
+    with db.writer() as s:
         claim_job(s, job_id=job_id, worker="w", device="cpu")
     yield db, job_id
     db.dispose()
@@ -97,7 +97,7 @@ def test_a_full_disk_during_an_epoch_write_is_waited_out(claimed: tuple[Database
     write, calls = epoch_write(job_id, full_for=2)
     retry_write(write, db, 30.0, "the epoch")
     assert len(calls) == 3
-    with db.session() as s:
+    with db.writer() as s:
         checkpoint = latest_checkpoint(s, job_id=job_id)
         assert checkpoint is not None and checkpoint.epoch == 1
 
@@ -110,7 +110,7 @@ def test_a_disk_that_stays_full_gives_the_attempt_up_not_the_job(
     with pytest.raises(DatabaseAway, match="database or disk is full"):
         retry_write(write, db, 0.5, "the epoch")
     assert len(calls) > 1
-    with db.session() as s:
+    with db.writer() as s:
         job = get_job(s, job_id=job_id)
         assert job is not None and job.status == "running" and job.attempt == 1
         assert latest_checkpoint(s, job_id=job_id) is None

@@ -18,8 +18,9 @@ import httpx
 import pytest
 from redis import Redis
 
-from core.client import Client
-from core.db import Database, JobStatus
+from client.http import Client
+from core.db import Database
+from core.spec import JobStatus
 from core.store import claim_job, end_job
 from core.stream import publish_steps, stream_key
 from core.train import StepMetrics
@@ -294,9 +295,9 @@ def test_a_stream_still_written_after_its_job_ended_closes_with_the_databases_st
     job = c.submit(SPEC)["id"]  # no worker: it stays on the queue
     db = Database(svc.database_url)
     try:
-        with db.session() as s:
+        with db.writer() as s:
             claim_job(s, job_id=job, worker="w-gone", device="cpu")
-        with db.session() as s:
+        with db.writer() as s:
             end_job(s, job_id=job, status=JobStatus.failed, code="worker_lost", message="lost")
     finally:
         db.dispose()

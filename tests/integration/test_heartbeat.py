@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from core.db import Database, as_utc
-from core.migrate import upgrade
+from core.local.migrate import upgrade
 from core.spec import JobSpec
 from core.store import claim_job, create_job, get_job, request_cancel, requeue_job
 from tests.service import wait_until
@@ -34,15 +34,15 @@ def db(database_url: str) -> Iterator[Database]:
 
 def running_job(db: Database) -> str:
     job_id = str(uuid.uuid4())
-    with db.session() as s:
+    with db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec(), owner="o")
-    with db.session() as s:
+    with db.writer() as s:
         claim_job(s, job_id=job_id, worker="w", device="cpu")
     return job_id
 
 
 def last_beat(db: Database, job_id: str) -> dt.datetime:
-    with db.session() as s:
+    with db.writer() as s:
         job = get_job(s, job_id=job_id)
         assert job is not None
         beat = as_utc(job.heartbeat_at)
@@ -81,7 +81,7 @@ def test_it_beats_while_touched_and_goes_silent_after_the_stall_bound(
 
 def test_it_carries_the_cancel_flag(db: Database, running: tuple[str, Heartbeat]) -> None:
     job_id, heart = running
-    with db.session() as s:
+    with db.writer() as s:
         request_cancel(s, job_id=job_id)
     wait_until(lambda: heart.cancel_requested, 5, "the cancel flag")
 
@@ -90,7 +90,7 @@ def test_it_stops_once_the_attempt_no_longer_owns_the_job(
     db: Database, running: tuple[str, Heartbeat]
 ) -> None:
     job_id, heart = running
-    with db.session() as s:
+    with db.writer() as s:
         assert requeue_job(
             s,
             job_id=job_id,
@@ -133,7 +133,7 @@ def test_a_stop_request_reaches_the_job_row_long_before_the_next_beat(db: Databa
         asked.set()
 
         def recorded() -> bool:
-            with db.session() as s:
+            with db.writer() as s:
                 job = get_job(s, job_id=job_id)
                 return job is not None and job.stop_requested_attempt == 1
 

@@ -38,12 +38,11 @@ from redis import Redis
 from sqlalchemy.orm import Session
 
 from core.config import Settings
-from core.db import Database, JobStatus
+from core.db import Database
 from core.errors import JobSuperseded
-from core.migrate import upgrade
+from core.local.migrate import upgrade
 from core.queue import enqueue_job, entry_is_live
-from core.reconcile import reconcile_once
-from core.spec import JobSpec
+from core.spec import JobSpec, JobStatus
 from core.store import (
     claim_job,
     create_job,
@@ -71,6 +70,7 @@ from core.stream import (
 )
 from core.train import EpochMetrics, StepMetrics
 from tests.service import RedisServer, Service
+from worker.reconciler import reconcile_once
 
 pytestmark = pytest.mark.slow  # real workers and services: the full run, not --fast
 
@@ -192,7 +192,7 @@ class JobLife(RuleBasedStateMachine):
         self.w = world = self.world
         self.job_id = str(uuid.uuid4())
         self.spec = JobSpec(epochs=EPOCHS, max_restarts=MAX_RESTARTS)
-        with world.db.session() as s:
+        with world.db.writer() as s:
             create_job(s, job_id=self.job_id, spec=self.spec, owner="life")
         self.enqueue(self.job_id)
         # The model: what the database and the stream must hold.
@@ -218,7 +218,7 @@ class JobLife(RuleBasedStateMachine):
     def db_write(self, a: Attempt, write: Callable[[Session], object]) -> bool:
         """A fenced database write of attempt `a`; whether it landed (as the model says)."""
         try:
-            with self.w.db.session() as s:
+            with self.w.db.writer() as s:
                 write(s)
             landed = True
         except JobSuperseded:
@@ -245,7 +245,7 @@ class JobLife(RuleBasedStateMachine):
         """A worker gets the queue entry and claims the job: a new attempt, resumed from the
         last checkpoint (a requeued job's)."""
         number = self.latest.number + 1 if self.latest else 1
-        with self.w.db.session() as s:
+        with self.w.db.writer() as s:
             job = claim_job(s, job_id=self.job_id, worker=f"w{number}", device="cpu")
             assert job is not None and job.attempt == number
             checkpoint = latest_checkpoint(s, job_id=self.job_id)
@@ -269,7 +269,7 @@ class JobLife(RuleBasedStateMachine):
     @rule()
     def duplicate_delivery(self) -> None:
         """The same queue entry delivered again (or a stale one): it must not run."""
-        with self.w.db.session() as s:
+        with self.w.db.writer() as s:
             assert claim_job(s, job_id=self.job_id, worker="w-dup", device="cpu") is None
 
     def live(self) -> bool:
@@ -396,7 +396,7 @@ class JobLife(RuleBasedStateMachine):
             self.fail(a, JobStatus.failed, "diverged")
 
     def succeed(self, a: Attempt) -> None:
-        with self.w.db.session() as s:
+        with self.w.db.writer() as s:
             moved = succeed_job(
                 s,
                 job_id=self.job_id,
@@ -418,7 +418,7 @@ class JobLife(RuleBasedStateMachine):
         ):
             self.replace_stored(steps)
         could_move = self.latest is a and not self.status.terminal
-        with self.w.db.session() as s:
+        with self.w.db.writer() as s:
             moved = end_job(
                 s, job_id=self.job_id, status=status, code=code, message=code, attempt=a.number
             )
@@ -440,7 +440,7 @@ class JobLife(RuleBasedStateMachine):
         attempt made and its steps since its last epoch end."""
         a.done = True
         entry = f"{self.job_id}-p{a.number}"
-        with self.w.db.session() as s:
+        with self.w.db.writer() as s:
             moved = preempt_job(
                 s,
                 job_id=self.job_id,
@@ -516,7 +516,7 @@ class JobLife(RuleBasedStateMachine):
 
     @invariant()
     def database_holds_the_model(self) -> None:
-        with self.w.db.session() as s:
+        with self.w.db.writer() as s:
             job = get_job(s, job_id=self.job_id)
             assert job is not None
             status, attempt = JobStatus(job.status), job.attempt
@@ -599,7 +599,7 @@ class JobLife(RuleBasedStateMachine):
         if self.status.terminal:
             self.every_key_expires()  # also after what happened since the end
         # An abandoned job ends, so that later examples' reconcile passes skip it.
-        with self.w.db.session() as s:
+        with self.w.db.writer() as s:
             end_job(s, job_id=self.job_id, status=JobStatus.canceled, code="abandoned")
 
 

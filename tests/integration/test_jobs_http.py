@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 
-from core.client import ApiError
+from client.http import ApiError
 from core.train.data import load_dataset
 from core.train.export import load_torchscript
 from tests.service import Service, wait_until

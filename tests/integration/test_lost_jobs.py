@@ -21,11 +21,10 @@ from sqlalchemy import event, text, update
 
 import core.db
 from core.config import Settings
-from core.db import Database, Job, JobStatus, utcnow
-from core.migrate import upgrade
+from core.db import Database, Job, utcnow
+from core.local.migrate import upgrade
 from core.queue import enqueue_job
-from core.reconcile import Report, _handle_lost, reconcile_once
-from core.spec import JobSpec
+from core.spec import JobSpec, JobStatus
 from core.store import (
     claim_job,
     create_job,
@@ -41,6 +40,7 @@ from core.store import (
 )
 from core.train import EpochMetrics
 from tests.service import RedisServer, wait_until
+from worker.reconciler import Report, _handle_lost, reconcile_once
 
 TIMEOUT = dt.timedelta(seconds=30)
 QUEUE = f"trainq-test-{uuid.uuid4().hex[:8]}"  # requeued jobs go here, to no worker
@@ -57,23 +57,23 @@ def db(database_url: str) -> Iterator[Database]:
 def silent_running_job(db: Database, max_restarts: int = 2) -> Job:
     """A running attempt last heard of a minute ago, as a reconciler reads it."""
     job_id = str(uuid.uuid4())
-    with db.session() as s:
+    with db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec(max_restarts=max_restarts), owner="o")
-    with db.session() as s:
+    with db.writer() as s:
         claim_job(s, job_id=job_id, worker="gpu-host-7-gpu0-4242", device="cpu")
         s.execute(
             update(Job)
             .where(Job.id == job_id)
             .values(heartbeat_at=utcnow() - dt.timedelta(seconds=60))
         )
-    with db.session() as s:
+    with db.writer() as s:
         [job] = [j for j in lost_jobs(s, silent_since=utcnow() - TIMEOUT) if j.id == job_id]
     return job
 
 
 def beat(db: Database, job: Job) -> None:
     """The attempt beats after the reconciler's read: it is alive after all."""
-    with db.session() as s:
+    with db.writer() as s:
         heartbeat(s, job_id=job.id, attempt=job.attempt)
 
 
@@ -81,7 +81,7 @@ def test_requeue_with_a_stale_view_does_nothing_after_a_fresh_heartbeat(db: Data
     stale = silent_running_job(db)
     silent_since = utcnow() - TIMEOUT
     beat(db, stale)
-    with db.session() as s:
+    with db.writer() as s:
         assert not requeue_job(
             s, job_id=stale.id, attempt=1, queue_entry=f"{stale.id}-a2", silent_since=silent_since
         )
@@ -96,7 +96,7 @@ def test_requeue_with_a_stale_view_does_nothing_after_a_fresh_heartbeat(db: Data
         job = get_job(s, job_id=stale.id)
         assert job is not None and job.status == JobStatus.running and job.attempt == 1
     # Still silent: the same calls win.
-    with db.session() as s:
+    with db.writer() as s:
         assert requeue_job(
             s,
             job_id=stale.id,
@@ -116,7 +116,7 @@ def test_the_reconciler_leaves_an_attempt_that_beat_since_its_read_alone(
     with redis_server.client() as r:
         _handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), stale, report)
     assert report.requeued == [] and report.failed == []
-    with db.session() as s:
+    with db.writer() as s:
         job = get_job(s, job_id=stale.id)
         assert job is not None
         assert (job.status, job.attempt, job.queue_entry) == (
@@ -134,7 +134,7 @@ def test_the_reconciler_still_handles_an_attempt_that_stayed_silent(
     report = Report()
     with redis_server.client() as r:
         _handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), stale, report)
-    with db.session() as s:
+    with db.writer() as s:
         job = get_job(s, job_id=stale.id)
         assert job is not None
     if max_restarts:
@@ -165,17 +165,17 @@ def clock_off(seconds: float) -> Iterator[None]:
 def beating_job(db: Database, max_restarts: int = 2) -> str:
     """A job claimed, and beaten for, by a worker on this host (its clock as it is now)."""
     job_id = str(uuid.uuid4())
-    with db.session() as s:
+    with db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec(max_restarts=max_restarts), owner="o")
-    with db.session() as s:
+    with db.writer() as s:
         claim_job(s, job_id=job_id, worker="w", device="cpu")
-    with db.session() as s:
+    with db.writer() as s:
         heartbeat(s, job_id=job_id, attempt=1)
     return job_id
 
 
 def status_of(db: Database, job_id: str) -> tuple[str, int, int]:
-    with db.session() as s:
+    with db.writer() as s:
         job = get_job(s, job_id=job_id)
         assert job is not None
         return job.status, job.attempt, job.preemptions
@@ -217,7 +217,7 @@ def test_a_job_written_on_a_fast_clock_and_never_enqueued_is_enqueued(
 ) -> None:
     """An API host 2 minutes fast inserted the row and died before its enqueue."""
     job_id = str(uuid.uuid4())
-    with clock_off(120), db.session() as s:
+    with clock_off(120), db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec(), owner="o")
     settings = Settings(queue_grace_s=1, queue=QUEUE)
     with redis_server.client() as r:
@@ -272,7 +272,7 @@ def test_an_epoch_write_longer_than_the_heartbeat_timeout_is_not_lost(
     reports: list[Report] = []
 
     def save() -> None:
-        with db.session() as s:
+        with db.writer() as s:
             save_epoch(s, job_id=job.id, attempt=1, epoch=epoch, steps=[], checkpoint=b"weights")
 
     try:
@@ -297,7 +297,7 @@ def test_an_epoch_write_longer_than_the_heartbeat_timeout_is_not_lost(
     [report] = reports
     assert job.id not in report.requeued + report.failed
     assert status_of(db, job.id) == (JobStatus.running, 1, 0)
-    with db.session() as s:
+    with db.writer() as s:
         checkpoint = latest_checkpoint(s, job_id=job.id)
         assert checkpoint is not None and checkpoint.data == b"weights"
 
@@ -307,7 +307,7 @@ def test_a_lost_attempt_asked_to_stop_is_a_preemption(
 ) -> None:
     """max_restarts 0: a restart would fail it, a preemption requeues it."""
     stale = silent_running_job(db, max_restarts=0)
-    with db.session() as s:
+    with db.writer() as s:
         record_stop_request(s, job_id=stale.id, attempt=1)
     [seen] = [j for j in lost_now(db) if j.id == stale.id]
     report = Report()
@@ -324,12 +324,12 @@ def test_a_clean_preemption_is_counted_once(
     """Attempt 1 was asked to stop and handed the job back; attempt 2 is then lost, which is
     a restart: with max_restarts 0 the job fails, with 1 it is requeued, one preemption."""
     job_id = str(uuid.uuid4())
-    with db.session() as s:
+    with db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec(max_restarts=max_restarts), owner="o")
-    with db.session() as s:
+    with db.writer() as s:
         claim_job(s, job_id=job_id, worker="w", device="cpu")
         record_stop_request(s, job_id=job_id, attempt=1)
-    with db.session() as s:
+    with db.writer() as s:
         assert preempt_job(
             s,
             job_id=job_id,
@@ -340,7 +340,7 @@ def test_a_clean_preemption_is_counted_once(
             checkpoint=b"mid-epoch",
             queue_entry=f"{job_id}-p1",
         )
-    with db.session() as s:
+    with db.writer() as s:
         claim_job(s, job_id=job_id, worker="w2", device="cpu")
         s.execute(
             update(Job)
@@ -360,16 +360,16 @@ def test_a_clean_preemption_is_counted_once(
 
 
 def lost_now(db: Database) -> list[Job]:
-    with db.session() as s:
+    with db.writer() as s:
         return list(lost_jobs(s, silent_since=utcnow() - TIMEOUT))
 
 
 def queued_a_while(db: Database, queue_entry: str | None) -> str:
     """A queued job, enqueued two minutes ago under `queue_entry`."""
     job_id = str(uuid.uuid4())
-    with db.session() as s:
+    with db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec(), owner="o")
-    with db.session() as s:
+    with db.writer() as s:
         s.execute(
             update(Job)
             .where(Job.id == job_id)
@@ -411,9 +411,9 @@ def test_a_waiting_entry_rq_cannot_restore_stops_no_pass(
     with redis_server.client() as r:
         enqueue_job(r, queue=QUEUE, job_id=job_id, spec={}, owner="o", timeout_s=60)
         r.hset(f"rq:job:{job_id}", "created_at", "junk")
-        with db.session() as s:
+        with db.writer() as s:
             create_job(s, job_id=job_id, spec=JobSpec(), owner="o")
-        with db.session() as s:
+        with db.writer() as s:
             s.execute(
                 update(Job)
                 .where(Job.id == job_id)
@@ -457,6 +457,6 @@ def test_the_launchers_reconciler_survives_a_pass_that_meets_junk(
     reconcile()
     assert reconcile.db is not None
     reconcile.db.dispose()
-    with db.session() as s:
+    with db.writer() as s:
         entries = [get_job(s, job_id=j).queue_entry for j in (poisoned, plain)]  # type: ignore[union-attr]
     assert all(entries) and job_id not in entries

@@ -7,7 +7,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from core.db import Base, make_engine
-from core.migrate import upgrade
+from core.local.migrate import upgrade
 
 
 def test_migrations_reach_the_models(database_url: str) -> None:

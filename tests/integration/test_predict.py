@@ -333,14 +333,14 @@ def test_stored_model_failing_its_sha256_is_500(service: Service, job_id: str) -
     """A stored hash that does not match the stored bytes: never loaded, never cached."""
     db = Database(service.database_url)
     try:
-        with db.session() as s:
+        with db.writer() as s:
             real = s.get(Artifact, job_id)
             assert real is not None
             sha = real.sha256
             s.execute(update(Artifact).where(Artifact.job_id == job_id).values(sha256="0" * 64))
         r = predict(service, job_id, json=zeros(1))
         assert r.status_code == 500 and "sha256" in r.json()["detail"], r.text
-        with db.session() as s:
+        with db.writer() as s:
             s.execute(update(Artifact).where(Artifact.job_id == job_id).values(sha256=sha))
         assert predict(service, job_id, json=zeros(1)).status_code == 200
     finally:

@@ -12,10 +12,9 @@ import pytest
 from sqlalchemy import update
 
 from core.config import Settings
-from core.db import Database, Job, JobStatus, utcnow
-from core.migrate import upgrade
-from core.reconcile import reconcile_once
-from core.spec import JobSpec
+from core.db import Database, Job, utcnow
+from core.local.migrate import upgrade
+from core.spec import JobSpec, JobStatus
 from core.store import (
     claim_job,
     create_job,
@@ -28,6 +27,7 @@ from core.store import (
 )
 from core.train import EpochMetrics, StepMetrics
 from tests.service import RedisServer
+from worker.reconciler import reconcile_once
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,9 @@ def db(database_url: str) -> Iterator[Database]:
 
 def running_job(db: Database, **spec: object) -> str:
     job_id = str(uuid.uuid4())
-    with db.session() as s:
+    with db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec.model_validate(spec), owner="o")
-    with db.session() as s:
+    with db.writer() as s:
         assert claim_job(s, job_id=job_id, worker="w1", device="cpu") is not None
     return job_id
 
@@ -52,7 +52,7 @@ def point(step: int, epoch: int) -> StepMetrics:
 
 
 def preempt(db: Database, job_id: str, attempt: int, step: int, steps: list[int]) -> bool:
-    with db.session() as s:
+    with db.writer() as s:
         return preempt_job(
             s,
             job_id=job_id,
@@ -67,7 +67,7 @@ def preempt(db: Database, job_id: str, attempt: int, step: int, steps: list[int]
 
 def test_a_preempted_attempt_hands_back_its_checkpoint_and_steps(db: Database) -> None:
     job_id = running_job(db)
-    with db.session() as s:
+    with db.writer() as s:
         save_epoch(
             s,
             job_id=job_id,
@@ -77,7 +77,7 @@ def test_a_preempted_attempt_hands_back_its_checkpoint_and_steps(db: Database) -
             checkpoint=b"epoch-1",
         )
     assert preempt(db, job_id, attempt=1, step=5, steps=[4, 5])
-    with db.session() as s:
+    with db.writer() as s:
         job = get_job(s, job_id=job_id)
         assert job is not None
         assert (job.status, job.worker, job.attempt, job.preemptions) == ("queued", None, 1, 1)
@@ -92,11 +92,11 @@ def test_a_preempted_attempt_hands_back_its_checkpoint_and_steps(db: Database) -
             5,
         ]
     # The next attempt resumes there; the handed-back attempt can no longer touch the job.
-    with db.session() as s:
+    with db.writer() as s:
         resumed = claim_job(s, job_id=job_id, worker="w2", device="cpu")
         assert resumed is not None and resumed.attempt == 2
     assert not preempt(db, job_id, attempt=1, step=7, steps=[6, 7])
-    with db.session() as s:
+    with db.writer() as s:
         job = get_job(s, job_id=job_id)
         assert job is not None and (job.status, job.worker, job.preemptions) == ("running", "w2", 1)
         checkpoint = latest_checkpoint(s, job_id=job_id)
@@ -105,10 +105,10 @@ def test_a_preempted_attempt_hands_back_its_checkpoint_and_steps(db: Database) -
 
 def test_an_ended_job_is_never_preempted_back_to_queued(db: Database) -> None:
     job_id = running_job(db)
-    with db.session() as s:
+    with db.writer() as s:
         assert end_job(s, job_id=job_id, status=JobStatus.canceled, code="canceled")
     assert not preempt(db, job_id, attempt=1, step=2, steps=[1, 2])
-    with db.session() as s:
+    with db.writer() as s:
         job = get_job(s, job_id=job_id)
         assert job is not None and job.status == JobStatus.canceled
         assert latest_checkpoint(s, job_id=job_id) is None
@@ -116,7 +116,7 @@ def test_an_ended_job_is_never_preempted_back_to_queued(db: Database) -> None:
 
 def lose(db: Database, job_id: str) -> None:
     """The running attempt's worker dies: its heartbeat goes silent."""
-    with db.session() as s:
+    with db.writer() as s:
         s.execute(
             update(Job)
             .where(Job.id == job_id)
@@ -135,16 +135,16 @@ def test_a_preemption_is_not_counted_as_a_restart(
     r = redis_server.client()
     job_id = running_job(db, max_restarts=1)
     assert preempt(db, job_id, attempt=1, step=5, steps=[4, 5])
-    with db.session() as s:
+    with db.writer() as s:
         assert claim_job(s, job_id=job_id, worker="w2", device="cpu") is not None
     lose(db, job_id)
     # Attempt 2 followed a preemption: its loss is the first restart, within max_restarts 1.
     assert job_id in reconcile_once(db, r, settings).requeued
-    with db.session() as s:
+    with db.writer() as s:
         assert claim_job(s, job_id=job_id, worker="w3", device="cpu") is not None
     lose(db, job_id)
     assert job_id in reconcile_once(db, r, settings).failed  # the second restart is one too many
-    with db.session() as s:
+    with db.writer() as s:
         job = get_job(s, job_id=job_id)
         assert job is not None and (job.status, job.error_code) == ("failed", "worker_lost")
     r.close()

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import uuid
 
-from core.client import ApiError, Client
+from client.http import ApiError, Client
 from tests.service import Service, wait_until
 
 DIRECT = """

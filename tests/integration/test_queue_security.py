@@ -22,7 +22,7 @@ from rq.serializers import JSONSerializer
 from rq.webhook import Webhook
 
 from api.auth import owner_id
-from core.client import ApiError
+from client.http import ApiError
 from core.datasets import canonical
 from core.db import Database
 from core.queue import RESULT_TTL_S
@@ -359,7 +359,7 @@ def queued_row(svc: Service, spec: dict, owner: str | None = None) -> str:
     queue yet."""
     job_id = str(uuid.uuid4())
     db = Database(svc.database_url)
-    with db.session() as s:
+    with db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec.model_validate(spec), owner=owner)
     db.dispose()
     return job_id
@@ -400,7 +400,7 @@ def stored_dataset(svc: Service, owner: str) -> str:
     ds = canonical(x[32:], y[32:], x[:32], y[:32])
     ds_id = str(uuid.uuid4())
     db = Database(svc.database_url)
-    with db.session() as s:
+    with db.writer() as s:
         create_dataset(
             s,
             dataset_id=ds_id,

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from core.db import Database, JobStatus, utcnow
+from core.db import Database, utcnow
 from core.errors import JobSuperseded
-from core.migrate import upgrade
-from core.spec import JobSpec
+from core.local.migrate import upgrade
+from core.spec import JobSpec, JobStatus
 from core.store import (
     claim_job,
     create_job,
@@ -38,7 +38,7 @@ def db(database_url: str) -> Iterator[Database]:
 
 def new_job(db: Database) -> str:
     job_id = str(uuid.uuid4())
-    with db.session() as s:
+    with db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec(), owner="o")
     return job_id
 
@@ -49,29 +49,29 @@ def point(step: int, loss: float) -> StepMetrics:
 
 def test_terminal_status_never_reverts(db: Database) -> None:
     job_id = new_job(db)
-    with db.session() as s:
+    with db.writer() as s:
         assert claim_job(s, job_id=job_id, worker="w", device="cpu") is not None
-    with db.session() as s:
+    with db.writer() as s:
         assert end_job(s, job_id=job_id, status=JobStatus.failed, code="x", message="y")
-    with db.session() as s:
+    with db.writer() as s:
         assert claim_job(s, job_id=job_id, worker="w2", device="cpu") is None
         assert not succeed_job(
             s, job_id=job_id, attempt=1, result={}, record={}, model=b"m", sha256="0"
         )
         assert not end_job(s, job_id=job_id, status=JobStatus.canceled)
         assert request_cancel(s, job_id=job_id) is None
-    with db.session() as s:
+    with db.writer() as s:
         job = get_job(s, job_id=job_id)
         assert job is not None and job.status == JobStatus.failed and job.worker == "w"
 
 
 def test_a_rerun_epoch_replaces_its_steps(db: Database) -> None:
     job_id = new_job(db)
-    with db.session() as s:
+    with db.writer() as s:
         claim_job(s, job_id=job_id, worker="w", device="cpu")
     epoch = EpochMetrics(1, 3, 0.5, 0.9, 0.4, 0.9, 1.0, 100.0)
     for loss in (1.0, 2.0):
-        with db.session() as s:
+        with db.writer() as s:
             save_epoch(
                 s,
                 job_id=job_id,
@@ -80,30 +80,30 @@ def test_a_rerun_epoch_replaces_its_steps(db: Database) -> None:
                 steps=[point(i, loss) for i in (1, 2, 3)],
                 checkpoint=b"a",
             )
-    with db.session() as s:
+    with db.writer() as s:
         rows = step_metrics(s, job_id=job_id, after=0, limit=100)
         assert [(r.step, r.loss) for r in rows] == [(1, 2.0), (2, 2.0), (3, 2.0)]
 
 
 def test_a_requeued_jobs_old_attempt_is_fenced_off(db: Database) -> None:
     job_id = new_job(db)
-    with db.session() as s:
+    with db.writer() as s:
         claim_job(s, job_id=job_id, worker="w1", device="cpu")
     silent = utcnow() + dt.timedelta(seconds=1)  # every beat so far is old enough
-    with db.session() as s:
+    with db.writer() as s:
         assert requeue_job(
             s, job_id=job_id, attempt=1, queue_entry=f"{job_id}-a2", silent_since=silent
         )
         assert not requeue_job(  # one winner
             s, job_id=job_id, attempt=1, queue_entry="again", silent_since=silent
         )
-    with db.session() as s:
+    with db.writer() as s:
         job = claim_job(s, job_id=job_id, worker="w2", device="cpu")
         assert job is not None and job.attempt == 2
     epoch = EpochMetrics(1, 1, 0.5, 0.9, 0.4, 0.9, 1.0, 100.0)
-    with pytest.raises(JobSuperseded), db.session() as s:
+    with pytest.raises(JobSuperseded), db.writer() as s:
         save_epoch(s, job_id=job_id, attempt=1, epoch=epoch, steps=[point(1, 1.0)], checkpoint=None)
-    with db.session() as s:
+    with db.writer() as s:
         assert not succeed_job(
             s, job_id=job_id, attempt=1, result={}, record={}, model=b"m", sha256="0"
         )

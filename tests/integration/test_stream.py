@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from core.db import Database, JobStatus, utcnow
-from core.migrate import upgrade
-from core.spec import JobSpec
+from core.db import Database, utcnow
+from core.local.migrate import upgrade
+from core.spec import JobSpec, JobStatus
 from core.store import claim_job, create_job, end_job, requeue_job
 from core.stream import (
     FINISHED_TTL_S,
@@ -206,7 +206,7 @@ def db(tmp_path: Path) -> Iterator[Database]:
 
 
 def claimed(db: Database, job_id: str) -> int:
-    with db.session() as s:
+    with db.writer() as s:
         job = claim_job(s, job_id=job_id, worker="w", device="cpu")
         assert job is not None
         return job.attempt
@@ -215,13 +215,13 @@ def claimed(db: Database, job_id: str) -> int:
 def test_a_zombie_writes_nothing_after_redis_forgot_the_fence(
     r: Redis, db: Database, job: str
 ) -> None:
-    with db.session() as s:
+    with db.writer() as s:
         create_job(s, job_id=job, spec=JobSpec(), owner=None)
     first = Publisher(r, job, claimed(db, job), 1000, lambda: job_row(db, job))
     first.add([status_entry(0, RUNNING), *step_entries(points(1, 10))])
     assert first.flush()  # the first write finds no fence: the database vouches for it
     # Attempt 1 is lost (its worker hangs); attempt 2 resumes after step 0.
-    with db.session() as s:
+    with db.writer() as s:
         assert requeue_job(
             s,
             job_id=job,
@@ -251,7 +251,7 @@ def test_a_zombie_writes_nothing_after_redis_forgot_the_fence(
     late.add([status_entry(15, {"status": "failed"})])
     assert not late.flush(force=True) and late.stopped is Outcome.SUPERSEDED
     # ... while an end the database decided is written without one (the reconciler's).
-    with db.session() as s:
+    with db.writer() as s:
         assert end_job(s, job_id=job, status=JobStatus.failed, code="x", message="lost", attempt=2)
     end = {"status": "failed", "error": {"code": "x", "message": "lost"}}
     assert publish_status(r, job, 5, end, attempt=2) is Outcome.WRITTEN
