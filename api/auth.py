@@ -17,6 +17,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.middleware import HTTPMiddleware
+
 HASHED = "sha256:"
 UNAUTHORIZED = "missing or unknown API key: send 'Authorization: Bearer <key>'"
 # What loads without a key: the health check, the dashboard's page and files (the page asks
@@ -78,20 +80,17 @@ def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
 
 
-class RequireKey:
-    """A plain ASGI middleware: finds the caller from the headers alone and answers 401 to a
-    request for a non-public path that has none, without reading its body, and asks the
-    client to close (an upload that goes on is not read either). The caller is kept in the
-    scope's state for `api.deps.get_caller`."""
+class RequireKey(HTTPMiddleware):
+    """Finds the caller from the headers alone and answers 401 to a request for a non-public
+    path that has none, without reading its body, and asks the client to close (an upload
+    that goes on is not read either). The caller is kept in the scope's state for
+    `api.deps.get_caller`."""
 
     def __init__(self, app: ASGIApp, keys: KeyRing) -> None:
-        self.app = app
+        super().__init__(app)
         self.keys = keys
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         caller = self.keys.from_header(Headers(scope=scope).get("authorization", ""))
         scope.setdefault("state", {})["caller"] = caller
         if caller is None and not is_public(scope["path"]):

@@ -1,12 +1,22 @@
-"""FastAPI dependencies: the database session, Redis, settings and the caller."""
+"""FastAPI dependencies: the database session, Redis, settings and the caller, and the one
+way async code reads the database.
+
+Reading the database from the API: a route that reads or writes it is a plain `def`, which
+FastAPI runs in its thread pool, and takes its session from `ReaderDep` (read-only; on
+SQLite it never waits for a writer) or `SessionDep` (the route commits it). An `async def`
+route, or anything else on the event loop (the live event feeds), never touches a session
+there: it awaits `read(db, fn, *args)`, which runs `fn(session, *args)` with a read-only
+session in the same thread pool. Nothing in the API writes from async code. Only what no
+route hands a session opens its own, on a thread it already runs on: the submitter's writer
+thread (POST /jobs) and the /metrics collector (called from its route's thread)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Concatenate, ParamSpec, TypeVar
 
-import anyio
 from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.orm import Session
@@ -15,6 +25,7 @@ from api.auth import UNAUTHORIZED, Caller
 from core.config import Settings
 from core.db import Database
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 # The dependencies are `async def` where they never block: FastAPI runs a plain `def`
@@ -66,18 +77,17 @@ async def get_caller(request: Request) -> Caller:
     return caller
 
 
-async def run_read(request: Request, fn: Callable[..., T], *args: Any) -> T:
-    """A short database read of a much-polled route. On SQLite it runs right here, on the
-    event loop: in WAL mode a read never waits for a writer, and it takes less time (0.1 to
-    0.3 ms) than handing it to a thread costs (about 0.5 ms of CPU for the GIL handoffs,
-    measured on GET /jobs/{id}/metrics). Another database is across a network: its reads go
-    to a few threads kept for them (every extra thread that wants the GIL makes each
-    handoff dearer)."""
-    db: Database = request.app.state.db
-    if db.local:
-        return fn(*args)
-    limiter: anyio.CapacityLimiter = request.app.state.io_threads
-    return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+async def read(
+    db: Database, fn: Callable[Concatenate[Session, P], T], *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """`fn(session, *args, **kwargs)` with a read-only session, in the thread pool: a read
+    on the event loop would stall every other request while it waits for the database."""
+
+    def in_reader() -> T:
+        with db.reader() as session:
+            return fn(session, *args, **kwargs)
+
+    return await run_in_threadpool(in_reader)
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

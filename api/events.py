@@ -22,7 +22,9 @@ from enum import Enum
 from typing import Any
 
 from redis.asyncio import Redis as AsyncRedis
+from sqlalchemy.orm import Session
 
+from api.deps import read
 from core.db import Database
 from core.spec import JobStatus
 from core.store import epoch_metrics, get_job, step_rows
@@ -118,7 +120,7 @@ class _Feed:
                     if time.monotonic() - asked_db < ENDED_POLL_S:
                         continue
                 asked_db = time.monotonic()
-                if await asyncio.to_thread(_has_ended, self.hub.db, self.job_id):
+                if await read(self.hub.db, _has_ended, self.job_id):
                     self._send(Signal.ENDED)  # ended with no end in Redis (expired, lost)
                     return
                 if not raw:
@@ -223,7 +225,7 @@ class _Follower:
                 yield chunk
             if self.done or self.stalled:
                 return
-        if not stored and await asyncio.to_thread(_has_ended, self.db, self.job_id):
+        if not stored and await read(self.db, _has_ended, self.job_id):
             async for chunk in self._close():
                 yield chunk
             return
@@ -269,7 +271,7 @@ class _Follower:
     async def _fill(self, key: Key) -> AsyncIterator[str]:
         """The steps missing before entry `key`: from the database; if it lacks some, wait
         for them while the job runs, and once it ended say that they are gone."""
-        ended = await asyncio.to_thread(_terminal_status, self.db, self.job_id)
+        ended = await read(self.db, _terminal_status, self.job_id)
         async for chunk in self._from_db():
             yield chunk
         last = _last_needed(key)
@@ -287,27 +289,26 @@ class _Follower:
         async for chunk in self._from_db():
             yield chunk
         self.done = True
-        ended = await asyncio.to_thread(_terminal_status, self.db, self.job_id)
+        ended = await read(self.db, _terminal_status, self.job_id)
         if ended is not None:
             step, payload = ended
             yield sse(_event_id((max(step, self.cursor[0]), END)), "status", payload)
 
     async def _from_db(self) -> AsyncIterator[str]:
-        while rows := await asyncio.to_thread(_db_page, self.db, self.job_id, self.cursor):
+        while rows := await read(self.db, _db_page, self.job_id, self.cursor):
             for key, kind, data in rows:
                 self.cursor = key
                 yield sse(_event_id(key), kind, {"type": kind, **data})
 
 
-def _db_page(db: Database, job_id: str, cursor: Key) -> list[tuple[Key, str, dict[str, Any]]]:
+def _db_page(s: Session, job_id: str, cursor: Key) -> list[tuple[Key, str, dict[str, Any]]]:
     """The stored steps and epoch ends after `cursor`, in order (a page of steps)."""
     after = cursor[0]
-    with db.reader() as s:
-        steps = step_rows(s, job_id=job_id, after=after, limit=DB_PAGE)
-        last = steps[-1]["step"] if steps else after
-        epochs = [e for e in epoch_metrics(s, job_id=job_id) if after <= e.step <= last]
-        out: list[tuple[Key, str, dict[str, Any]]] = [((p["step"], STEP), "step", p) for p in steps]
-        out += [((e.step, EPOCH), "epoch", _columns(e)) for e in epochs]
+    steps = step_rows(s, job_id=job_id, after=after, limit=DB_PAGE)
+    last = steps[-1]["step"] if steps else after
+    epochs = [e for e in epoch_metrics(s, job_id=job_id) if after <= e.step <= last]
+    out: list[tuple[Key, str, dict[str, Any]]] = [((p["step"], STEP), "step", p) for p in steps]
+    out += [((e.step, EPOCH), "epoch", _columns(e)) for e in epochs]
     return sorted((row for row in out if row[0] > cursor), key=lambda row: row[0])
 
 
@@ -315,18 +316,17 @@ def _columns(row: Any) -> dict[str, Any]:
     return {c.key: getattr(row, c.key) for c in row.__table__.columns if c.key != "job_id"}
 
 
-def _has_ended(db: Database, job_id: str) -> bool:
-    return _terminal_status(db, job_id) is not None
+def _has_ended(s: Session, job_id: str) -> bool:
+    return _terminal_status(s, job_id) is not None
 
 
-def _terminal_status(db: Database, job_id: str) -> tuple[int, dict[str, Any]] | None:
-    with db.reader() as s:
-        job = get_job(s, job_id=job_id)
-        if job is None or not JobStatus(job.status).terminal:
-            return None
-        payload: dict[str, Any] = {"type": "status", "status": job.status}
-        if job.error_code:
-            payload["error"] = {"code": job.error_code, "message": job.error_message}
-        if job.result:
-            payload["result"] = job.result
-        return job.progress_step, payload
+def _terminal_status(s: Session, job_id: str) -> tuple[int, dict[str, Any]] | None:
+    job = get_job(s, job_id=job_id)
+    if job is None or not JobStatus(job.status).terminal:
+        return None
+    payload: dict[str, Any] = {"type": "status", "status": job.status}
+    if job.error_code:
+        payload["error"] = {"code": job.error_code, "message": job.error_message}
+    if job.result:
+        payload["result"] = job.result
+    return job.progress_step, payload

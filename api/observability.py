@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import CallerDep
+from api.middleware import HTTPMiddleware
 from api.routes.health import registered_workers
 from core.db import Job
 from core.queue import job_queue
@@ -83,20 +84,16 @@ async def record_route(request: Request) -> None:
     request.state.route = getattr(route, "path", OTHER)
 
 
-class TimeRequests:
+class TimeRequests(HTTPMiddleware):
     """Observes each HTTP request's latency, labelled by method, route template and status,
     each from a bounded set: an unknown method, and a request that matched no route or was
-    refused before routing (no key), count as "other". A plain ASGI middleware: Starlette's
-    BaseHTTPMiddleware costs a task and a stream per request."""
+    refused before routing (no key), count as "other"."""
 
     def __init__(self, app: ASGIApp, latency: Histogram) -> None:
-        self.app = app
+        super().__init__(app)
         self.latency = latency
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
         status = 500  # if the app fails before it answers
 

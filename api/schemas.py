@@ -68,6 +68,9 @@ class JobPage(BaseModel):
     next: str | None = Field(description="Cursor for the next page, or null at the end.")
 
 
+# One step as the API answers it: the fields of the trainer's StepMetrics and of the
+# StepMetric row, in a schema of its own that documents the response in OpenAPI and keeps
+# torch (core.train's) out of the API's start-up.
 class MetricPoint(BaseModel):
     step: int
     epoch: int

@@ -1,4 +1,5 @@
-"""`trainq submit`, `ls`, `watch`, `cancel`, `download`: the API from the shell."""
+"""`trainq submit`, `ls`, `watch`, `cancel`, `download`: the API from the shell. Light: no
+torch (but `download --check`, which loads the model), none of the server's libraries."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from cli.main import add_spec_options, command, spec_from_args
+from cli.options import spec_from_args
 from client.http import ApiError, Client
 from core.config import Settings
+from core.spec import JobStatus
 
 SPARKS = "▁▂▃▄▅▆▇█"
 
@@ -32,13 +34,6 @@ def client() -> Client:
     return Client(settings.client_url, key)
 
 
-def _submit_options(p: argparse.ArgumentParser) -> None:
-    add_spec_options(p)
-    p.add_argument("--idempotency-key", help="resubmitting with the same key returns the same job")
-    p.add_argument("--wait", action="store_true", help="follow the job until it ends")
-
-
-@command("submit", "Submit a training job to the API.", _submit_options)
 def submit_command(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     with client() as c:
@@ -47,12 +42,6 @@ def submit_command(args: argparse.Namespace) -> int:
         return _watch(c, job["id"]) if args.wait else 0
 
 
-def _ls_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "canceled"])
-    p.add_argument("--limit", type=int, default=20)
-
-
-@command("ls", "List jobs, newest first.", _ls_options)
 def ls_command(args: argparse.Namespace) -> int:
     with client() as c:
         print(f"{'id':36}  {'status':9}  {'accuracy':>8}  {'img/s':>8}  created")
@@ -66,11 +55,6 @@ def ls_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _id_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("job_id")
-
-
-@command("watch", "Follow a job live: progress bar, epochs, a loss sparkline.", _id_option)
 def watch_command(args: argparse.Namespace) -> int:
     with client() as c:
         return _watch(c, args.job_id)
@@ -127,10 +111,9 @@ def _watch(c: Client, job_id: str) -> int:
     if losses:
         print(f"loss  {sparkline(losses)}  {losses[0]:.3f} → {losses[-1]:.3f}", file=sys.stderr)
     print(json.dumps({"id": job_id, **final}))
-    return 0 if final.get("status") == "succeeded" else 1
+    return 0 if final.get("status") == JobStatus.succeeded else 1
 
 
-@command("cancel", "Cancel a queued or running job.", _id_option)
 def cancel_command(args: argparse.Namespace) -> int:
     with client() as c:
         try:
@@ -142,13 +125,6 @@ def cancel_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _download_options(p: argparse.ArgumentParser) -> None:
-    _id_option(p)
-    p.add_argument("-o", "--output", type=Path, help="default trainq-<id>.pt")
-    p.add_argument("--check", action="store_true", help="load the model and run one image")
-
-
-@command("download", "Download a job's TorchScript model (sha256 checked).", _download_options)
 def download_command(args: argparse.Namespace) -> int:
     path = args.output or Path(f"trainq-{args.job_id}.pt")
     with client() as c:

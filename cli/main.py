@@ -1,54 +1,79 @@
-"""`trainq`: the command line."""
+"""`trainq`: the command line.
+
+The commands are a table of names: a command's module is imported only when that command
+runs, so `trainq --help` and the commands that talk to the API never load torch or the
+server's libraries (and work on the light install, `pip install trainq`)."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import cast
 
 from pydantic import ValidationError
 
+from cli import options
 from core.errors import field_problems
-from core.spec import JobSpec
 
-Command = Callable[[argparse.Namespace], int]
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {}
+Runner = Callable[[argparse.Namespace], int]
 
 
-def command(
-    name: str, help: str, options: Callable[[argparse.ArgumentParser], None]
-) -> Callable[[Command], Command]:
-    def register(fn: Command) -> Command:
-        COMMANDS[name] = (help, options, fn)
-        return fn
+@dataclass(frozen=True)
+class Command:
+    help: str
+    options: Callable[[argparse.ArgumentParser], None]
+    run: str  # "module:function", imported when the command runs
 
-    return register
-
-
-def add_spec_options(parser: argparse.ArgumentParser) -> None:
-    """One option per JobSpec field; values are validated by JobSpec itself."""
-    group = parser.add_argument_group("job spec (see JobSpec; defaults are the fastest choice)")
-    for name, field in JobSpec.model_fields.items():
-        default = field.default
-        shown = getattr(default, "value", default)
-        group.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=f"spec_{name}",
-            metavar="V",
-            help=f"{field.description or ''} (default: {shown})".strip(),
-        )
-    group.add_argument("--spec", type=Path, help="a JSON file with the spec; options override")
+    def runner(self) -> Runner:
+        module, _, name = self.run.partition(":")
+        return cast(Runner, getattr(importlib.import_module(module), name))
 
 
-def spec_from_args(args: argparse.Namespace) -> JobSpec:
-    values: dict[str, Any] = json.loads(args.spec.read_text()) if args.spec else {}
-    for key, value in vars(args).items():
-        if key.startswith("spec_") and value is not None:
-            values[key.removeprefix("spec_")] = value
-    return JobSpec.model_validate(values)
+COMMANDS = {
+    "submit": Command(
+        "Submit a training job to the API.", options.submit_options, "cli.client_cmd:submit_command"
+    ),
+    "ls": Command("List jobs, newest first.", options.ls_options, "cli.client_cmd:ls_command"),
+    "watch": Command(
+        "Follow a job live: progress bar, epochs, a loss sparkline.",
+        options.id_option,
+        "cli.client_cmd:watch_command",
+    ),
+    "cancel": Command(
+        "Cancel a queued or running job.", options.id_option, "cli.client_cmd:cancel_command"
+    ),
+    "download": Command(
+        "Download a job's TorchScript model (sha256 checked).",
+        options.download_options,
+        "cli.client_cmd:download_command",
+    ),
+    "migrate": Command(
+        "Create or upgrade the database schema (Alembic, to head).",
+        options.no_options,
+        "cli.service_cmd:migrate_command",
+    ),
+    "serve": Command(
+        "Run the HTTP API (uvicorn).", options.serve_options, "cli.service_cmd:serve_command"
+    ),
+    "worker": Command(
+        "Run one RQ worker per GPU (or one on the CPU).",
+        options.worker_options,
+        "cli.service_cmd:worker_command",
+    ),
+    "up": Command(
+        "Everything on one machine: Redis, migrated DB, API, workers.",
+        options.up_options,
+        "cli.service_cmd:up_command",
+    ),
+    "train": Command(
+        "Train locally (no service): progress bar, model and run record out.",
+        options.train_options,
+        "cli.train_cmd:train_command",
+    ),
+}
 
 
 def format_validation_error(e: ValidationError) -> str:
@@ -56,16 +81,13 @@ def format_validation_error(e: ValidationError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # Importing the command modules registers them.
-    from cli import client_cmd, service_cmd, train_cmd  # noqa: F401
-
     parser = argparse.ArgumentParser(prog="trainq", description="Training-as-a-service for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (help_text, options, _) in COMMANDS.items():
-        options(sub.add_parser(name, help=help_text, description=help_text))
+    for name, command in COMMANDS.items():
+        command.options(sub.add_parser(name, help=command.help, description=command.help))
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command][2](args)
+        return COMMANDS[args.command].runner()(args)
     except ValidationError as e:
         print(format_validation_error(e), file=sys.stderr)
         return 2

@@ -12,23 +12,20 @@ import sys
 import threading
 import time
 
-from cli.main import command
 from core.config import Settings
 from core.local.keys import load_or_create_key
 
 log = logging.getLogger("trainq.reconcile")
 
 
-def _no_options(_: argparse.ArgumentParser) -> None:
-    pass
-
-
 def _with_keys(settings: Settings) -> Settings:
-    """No keys configured: make (once) and use the local key file, so no route is open."""
+    """No keys configured: make (once) and use the local key file, so no route is open. That
+    key is the installation's admin: on a laptop it must see every job, those enqueued
+    straight onto the queue without an owner too."""
     if settings.api_key_list or settings.admin_key_list:
         return settings
     key = load_or_create_key(settings.key_file)
-    return settings.model_copy(update={"api_keys": key})
+    return settings.model_copy(update={"admin_keys": key})
 
 
 def _safe_url(url: str) -> str:
@@ -47,7 +44,9 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _check_schema(url: str) -> str | None:
+def _not_at_head(url: str) -> bool:
+    """Whether the database is not at the migrations' head (said on stderr): the API and the
+    workers refuse to start on it rather than fail every query."""
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
@@ -61,12 +60,15 @@ def _check_schema(url: str) -> str | None:
             current = MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()
-    if current != head:
-        return f"the database is at revision {current}, not {head}: run `trainq migrate` first"
-    return None
+    if current == head:
+        return False
+    print(
+        f"trainq: the database is at revision {current}, not {head}: run `trainq migrate` first",
+        file=sys.stderr,
+    )
+    return True
 
 
-@command("migrate", "Create or upgrade the database schema (Alembic, to head).", _no_options)
 def migrate_command(_: argparse.Namespace) -> int:
     from core.local.migrate import upgrade
 
@@ -78,12 +80,6 @@ def migrate_command(_: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", help="default TRAINQ_HOST (127.0.0.1)")
-    p.add_argument("--port", type=int, help="default TRAINQ_PORT (8000)")
-
-
-@command("serve", "Run the HTTP API (uvicorn).", _serve_options)
 def serve_command(args: argparse.Namespace) -> int:
     settings = Settings()
     if args.host:
@@ -97,9 +93,7 @@ def serve_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    problem = _check_schema(settings.resolved_database_url)
-    if problem:
-        print(f"trainq: {problem}", file=sys.stderr)
+    if _not_at_head(settings.resolved_database_url):
         return 2
     return _serve(_with_keys(settings))
 
@@ -136,19 +130,12 @@ def _reconcile_in_background(settings: Settings, redis_url: str) -> None:
     threading.Thread(target=loop, name="trainq-reconcile", daemon=True).start()
 
 
-def _worker_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", default="all", help="all, cpu, or GPU indices such as 0,1")
-    p.add_argument("--burst", action="store_true", help="exit once the queue is empty")
-
-
-@command("worker", "Run one RQ worker per GPU (or one on the CPU).", _worker_options)
 def worker_command(args: argparse.Namespace) -> int:
     from core.local.redis_server import redis_url
     from worker.launcher import parse_gpus, run_workers
     from worker.reconciler import Reconciler
 
     settings = Settings()
-    url = redis_url(settings)
     # Only a bad --gpus is the caller's error (exit 2); a ValueError from a running launcher
     # is a fault, and must not end it quietly as if the arguments were wrong.
     try:
@@ -156,6 +143,9 @@ def worker_command(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"trainq: {e}", file=sys.stderr)
         return 2
+    if _not_at_head(settings.resolved_database_url):
+        return 2
+    url = redis_url(settings)
     return run_workers(
         ",".join(g for g in gpus if g is not None) or "cpu",  # as parsed: no second probe
         settings.queue,
@@ -166,12 +156,6 @@ def worker_command(args: argparse.Namespace) -> int:
     )
 
 
-def _up_options(p: argparse.ArgumentParser) -> None:
-    _serve_options(p)
-    _worker_options(p)
-
-
-@command("up", "Everything on one machine: Redis, migrated DB, API, workers.", _up_options)
 def up_command(args: argparse.Namespace) -> int:
     from core.local.migrate import upgrade
     from core.local.redis_server import start_embedded, stop_embedded
@@ -197,8 +181,8 @@ def up_command(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if not (Settings().api_key_list or Settings().admin_key_list):
-        key = settings.api_key_list[0]
-        print(f"trainq up: API key {key} (kept in {settings.key_file})", file=sys.stderr)
+        key = settings.admin_key_list[0]
+        print(f"trainq up: admin API key {key} (kept in {settings.key_file})", file=sys.stderr)
     try:
         return _serve(settings)
     finally:

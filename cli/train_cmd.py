@@ -6,23 +6,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from tqdm import tqdm
 
-from cli.main import add_spec_options, command, spec_from_args
+from cli.options import spec_from_args
 from core.config import Settings
 from core.errors import TrainqError
 from core.train import Callbacks, EpochMetrics, StepMetrics, train
 from core.train.loop import RunInfo
-
-
-def _options(p: argparse.ArgumentParser) -> None:
-    add_spec_options(p)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--output", type=Path, help="where to write the TorchScript model")
-    p.add_argument("--download", action="store_true", help="download the data set if missing")
-    p.add_argument("--json", action="store_true", help="print one JSON summary last on stdout")
 
 
 class _Progress:
@@ -63,7 +54,6 @@ class _Progress:
             self.bar.close()
 
 
-@command("train", "Train locally (no service): progress bar, model and run record out.", _options)
 def train_command(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     settings = Settings()

@@ -13,17 +13,17 @@ from functools import cache
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, HTTPException, Response, UploadFile
-from sqlalchemy.orm import Session
 
-from api.auth import Caller
+from api.access import visible_dataset
 from api.deps import CallerDep, ReaderDep, SessionDep, SettingsDep
 from api.errors import RETRY_AFTER_S
 from api.schemas import DatasetOut, Problem
-from core.datasets import MAX_UPLOAD_BYTES, ParsedDataset, parse_upload
+from core.datasets import MAX_UPLOAD_BYTES, ParsedDataset
 from core.db import UserDataset, as_utc
 from core.errors import DatasetTooLarge, InvalidDataset
 from core.spec import USER_DATASET_PREFIX
-from core.store import create_dataset, get_dataset, list_datasets
+from core.store import create_dataset, list_datasets
+from core.uploads import parse_upload
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -57,14 +57,6 @@ def dataset_out(ds: UserDataset) -> DatasetOut:
             "created_at": as_utc(ds.created_at),
         }
     )
-
-
-def visible_dataset(session: Session, caller: Caller, dataset_id: str) -> UserDataset | None:
-    """The data set, if this caller may see (and so train on) it."""
-    ds = get_dataset(session, dataset_id=dataset_id)
-    if ds is None or not caller.can_see(ds.owner):
-        return None
-    return ds
 
 
 @router.post(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
@@ -18,11 +19,11 @@ from rq import Queue, Worker, worker_registration
 from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 from sqlalchemy import text
+from sqlalchemy.orm import Session
 
-from api.deps import OptionalCallerDep
+from api.deps import OptionalCallerDep, ReaderDep
 from api.errors import RETRY_AFTER_S
 from api.schemas import Health, WorkerOut
-from core.db import Database
 from core.queue import job_queue
 
 log = logging.getLogger("trainq.api")
@@ -46,10 +47,10 @@ class HealthCache:
         self._lock = threading.Lock()
         self._last: tuple[float, Health] | None = None
 
-    def get(self, request: Request) -> Health:
+    def get(self, probe: Callable[[], Health]) -> Health:
         with self._lock:  # concurrent callers wait for one probe instead of each making one
             if self._last is None or time.monotonic() - self._last[0] > self.fresh_s:
-                self._last = (time.monotonic(), _probe(request))
+                self._last = (time.monotonic(), probe())
             return self._last[1]
 
 
@@ -59,9 +60,11 @@ class HealthCache:
     responses={503: {"model": HealthOut, "description": "The database or Redis is away."}},
     summary="Database, Redis, queue and workers",
 )
-def health(request: Request, response: Response, caller: OptionalCallerDep) -> HealthOut:
+def health(
+    request: Request, response: Response, session: ReaderDep, caller: OptionalCallerDep
+) -> HealthOut:
     cache: HealthCache = request.app.state.health
-    seen = cache.get(request)
+    seen = cache.get(lambda: _probe(session, request))
     if not (seen.database and seen.redis):
         response.status_code = 503
         response.headers["Retry-After"] = RETRY_AFTER_S
@@ -93,12 +96,10 @@ def registered_workers(q: Queue) -> list[BaseWorker]:
     return workers
 
 
-def _probe(request: Request) -> Health:
-    db: Database = request.app.state.db
+def _probe(session: Session, request: Request) -> Health:
     settings = request.app.state.settings
     try:
-        with db.reader() as s:
-            s.execute(text("SELECT 1"))
+        session.execute(text("SELECT 1"))
         db_ok = True
     except Exception:
         db_ok = False

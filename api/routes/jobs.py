@@ -18,20 +18,18 @@ from redis import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
+from api.access import visible_dataset, visible_job, visible_status
 from api.auth import Caller
-from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, run_read
+from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, read
 from api.errors import RETRY_AFTER_S
 from api.events import event_stream
 from api.schemas import MAX_STEP, METRIC_FIELDS, EpochOut, JobOut, JobPage, MetricPage, Problem
 from api.submissions import OutcomeUnknown, Submitter
-from core.db import Database, Job, as_utc
+from core.db import Job, as_utc
 from core.spec import JobSpec, JobStatus, user_dataset_id
 from core.store import (
     epoch_metrics,
     get_artifact,
-    get_dataset,
-    get_job,
-    job_access,
     list_jobs,
     request_cancel,
     spec_hash,
@@ -90,22 +88,6 @@ def job_out(job: Job, caller: Caller, r: Redis | None = None) -> JobOut:
     )
 
 
-def visible_status(session: Session, caller: Caller, job_id: str) -> str:
-    """visible_job's check for routes that need only the status (no JSON columns loaded)."""
-    row = job_access(session, job_id=job_id)
-    if row is None or not caller.can_see(row.owner):
-        raise HTTPException(404, detail=f"no job {job_id}")
-    return str(row.status)
-
-
-def visible_job(session: Session, caller: Caller, job_id: uuid.UUID) -> Job:
-    """The job, if this caller may see it; 404 otherwise (others' jobs are not revealed)."""
-    job = get_job(session, job_id=str(job_id))
-    if job is None or not caller.can_see(job.owner):
-        raise HTTPException(404, detail=f"no job {job_id}")
-    return job
-
-
 @router.post(
     "",
     status_code=201,
@@ -127,7 +109,7 @@ async def submit_job(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Any:
     if user_dataset_id(spec.dataset) is not None:
-        await run_in_threadpool(_check_dataset, request.app.state.db, caller, spec)
+        await read(request.app.state.db, _check_dataset, caller, spec)
     submitter: Submitter = request.app.state.submitter
     try:
         job, created = await submitter.submit(
@@ -136,20 +118,19 @@ async def submit_job(
     except OutcomeUnknown as e:
         raise HTTPException(503, detail=str(e), headers={"Retry-After": RETRY_AFTER_S}) from e
     if not created:
+        # In the thread pool for its blocking Redis read (the live step); no database read.
         return await run_in_threadpool(_replay, job, spec, caller, request.app.state.redis)
     response.headers["Location"] = f"/jobs/{job.id}"
     return job_out(job, caller)
 
 
-def _check_dataset(db: Database, caller: Caller, spec: JobSpec) -> None:
+def _check_dataset(session: Session, caller: Caller, spec: JobSpec) -> None:
     """An uploaded data set ("ds:<id>") must exist and be visible to the caller; 422 on the
     field otherwise (another owner's set is reported exactly like a missing one)."""
     ds_id = user_dataset_id(spec.dataset)
     if ds_id is None:
         return
-    with db.reader() as session:
-        ds = get_dataset(session, dataset_id=ds_id)
-    if ds is None or not caller.can_see(ds.owner):
+    if visible_dataset(session, caller, ds_id) is None:
         problem = {
             "loc": ["body", "dataset"],
             "msg": f"no data set {ds_id}: upload one with POST /datasets, or list yours "
@@ -239,8 +220,8 @@ async def get_metrics(
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> Response:
     # The most polled route: plain rows instead of ORM objects, and the page serialised once.
-    status, items = await run_read(
-        request, _stored_steps, request.app.state.db, caller, str(job_id), after, limit
+    status, items = await read(
+        request.app.state.db, _stored_steps, caller, str(job_id), after, limit
     )
     cursor = items[-1]["step"] if items else after
     if len(items) < limit:
@@ -260,11 +241,10 @@ async def get_metrics(
 
 
 def _stored_steps(
-    db: Database, caller: Caller, job_id: str, after: int, limit: int
+    session: Session, caller: Caller, job_id: str, after: int, limit: int
 ) -> tuple[str, list[dict[str, Any]]]:
-    with db.reader() as session:
-        status = visible_status(session, caller, job_id)
-        return status, step_rows(session, job_id=job_id, after=after, limit=limit)
+    status = visible_status(session, caller, job_id)
+    return status, step_rows(session, job_id=job_id, after=after, limit=limit)
 
 
 @router.get(
@@ -292,17 +272,12 @@ async def get_events(
     last_event_id: Annotated[str | None, Header(max_length=64)] = None,
 ) -> StreamingResponse:
     db = request.app.state.db
-    await run_read(request, _visible_status, db, caller, str(job_id))
+    await read(db, visible_status, caller, str(job_id))
     return StreamingResponse(
         event_stream(request.app.state.events, db, ar, str(job_id), last_event_id),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
-
-
-def _visible_status(db: Database, caller: Caller, job_id: str) -> str:
-    with db.reader() as session:
-        return visible_status(session, caller, job_id)
 
 
 @router.post(

@@ -20,8 +20,9 @@ import torch
 from PIL import Image
 from sqlalchemy import update
 
-from api.routes.predict import ImageRejected, ModelCache, decode_image
+from api.inference import ModelCache
 from core.db import Artifact, Database
+from core.images import ImageRejected, decode_image
 from core.train.data import load_dataset
 from tests.memory import peak_growth_mib
 from tests.service import Service, wait_until

@@ -18,12 +18,13 @@ import torch
 from PIL import Image
 from pydantic import ValidationError
 
-from core import datasets
-from core.datasets import ParsedDataset, parse_upload
+from core import datasets, uploads
+from core.datasets import ParsedDataset
 from core.errors import DatasetNotFound, DatasetTooLarge, InvalidDataset
 from core.spec import JobSpec
 from core.train import train
 from core.train.data import IDX_FILES, load_dataset, user_dataset_path
+from core.uploads import parse_upload
 
 
 def npz_bytes(**arrays: object) -> bytes:
@@ -137,7 +138,7 @@ def test_bad_shapes_are_refused() -> None:
 
 
 def test_too_many_images_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(datasets, "MAX_IMAGES", 5)
+    monkeypatch.setattr(uploads, "MAX_IMAGES", 5)
     x, y = np.zeros((4, 8, 8), np.uint8), np.arange(4) % 2
     with pytest.raises(DatasetTooLarge, match="8 images: at most 5"):
         parse_upload(npz_bytes(x_train=x, y_train=y, x_test=x, y_test=y))

@@ -1,0 +1,38 @@
+"""What a caller may see, looked up: the jobs and data sets of the access policy
+(`api.auth.Caller.can_see`). Another owner's job or data set is answered exactly like a
+missing one, so that no key learns what others have."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import HTTPException
+from sqlalchemy.orm import Session
+
+from api.auth import Caller
+from core.db import Job, UserDataset
+from core.store import get_dataset, get_job, job_access
+
+
+def visible_job(session: Session, caller: Caller, job_id: uuid.UUID) -> Job:
+    """The job, if this caller may see it; 404 otherwise."""
+    job = get_job(session, job_id=str(job_id))
+    if job is None or not caller.can_see(job.owner):
+        raise HTTPException(404, detail=f"no job {job_id}")
+    return job
+
+
+def visible_status(session: Session, caller: Caller, job_id: str) -> str:
+    """visible_job's check for routes that need only the status (no JSON columns loaded)."""
+    row = job_access(session, job_id=job_id)
+    if row is None or not caller.can_see(row.owner):
+        raise HTTPException(404, detail=f"no job {job_id}")
+    return str(row.status)
+
+
+def visible_dataset(session: Session, caller: Caller, dataset_id: str) -> UserDataset | None:
+    """The data set, if this caller may see (and so train on) it."""
+    ds = get_dataset(session, dataset_id=dataset_id)
+    if ds is None or not caller.can_see(ds.owner):
+        return None
+    return ds

@@ -1,0 +1,82 @@
+"""The arguments of every `trainq` command. `trainq --help` builds them all, so this module
+imports only argparse and the JobSpec; what a command runs is imported when it runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from core.spec import JobSpec, JobStatus
+
+
+def add_spec_options(parser: argparse.ArgumentParser) -> None:
+    """One option per JobSpec field; values are validated by JobSpec itself."""
+    group = parser.add_argument_group("job spec (see JobSpec; defaults are the fastest choice)")
+    for name, field in JobSpec.model_fields.items():
+        default = field.default
+        shown = getattr(default, "value", default)
+        group.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=f"spec_{name}",
+            metavar="V",
+            help=f"{field.description or ''} (default: {shown})".strip(),
+        )
+    group.add_argument("--spec", type=Path, help="a JSON file with the spec; options override")
+
+
+def spec_from_args(args: argparse.Namespace) -> JobSpec:
+    values: dict[str, Any] = json.loads(args.spec.read_text()) if args.spec else {}
+    for key, value in vars(args).items():
+        if key.startswith("spec_") and value is not None:
+            values[key.removeprefix("spec_")] = value
+    return JobSpec.model_validate(values)
+
+
+def no_options(_: argparse.ArgumentParser) -> None:
+    pass
+
+
+def submit_options(p: argparse.ArgumentParser) -> None:
+    add_spec_options(p)
+    p.add_argument("--idempotency-key", help="resubmitting with the same key returns the same job")
+    p.add_argument("--wait", action="store_true", help="follow the job until it ends")
+
+
+def ls_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--status", choices=[s.value for s in JobStatus])
+    p.add_argument("--limit", type=int, default=20)
+
+
+def id_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job_id")
+
+
+def download_options(p: argparse.ArgumentParser) -> None:
+    id_option(p)
+    p.add_argument("-o", "--output", type=Path, help="default trainq-<id>.pt")
+    p.add_argument("--check", action="store_true", help="load the model and run one image")
+
+
+def train_options(p: argparse.ArgumentParser) -> None:
+    add_spec_options(p)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--output", type=Path, help="where to write the TorchScript model")
+    p.add_argument("--download", action="store_true", help="download the data set if missing")
+    p.add_argument("--json", action="store_true", help="print one JSON summary last on stdout")
+
+
+def serve_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="default TRAINQ_HOST (127.0.0.1)")
+    p.add_argument("--port", type=int, help="default TRAINQ_PORT (8000)")
+
+
+def worker_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", default="all", help="all, cpu, or GPU indices such as 0,1")
+    p.add_argument("--burst", action="store_true", help="exit once the queue is empty")
+
+
+def up_options(p: argparse.ArgumentParser) -> None:
+    serve_options(p)
+    worker_options(p)

@@ -1,0 +1,71 @@
+"""`trainq --help` and the commands that talk to the API load none of the server's or the
+trainer's libraries: they stay quick, and they run on the light install (`pip install
+trainq`, no extras). Each case runs in a fresh interpreter and reads its sys.modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "torchvision", "fastapi", "starlette", "sqlalchemy", "alembic", "uvicorn")
+# The API of a closed port: each client command fails at its first request.
+DEAD_URL = "http://127.0.0.1:9"
+
+RUN = """
+import json, sys
+from cli.main import main
+try:
+    main(sys.argv[1:])
+except BaseException:
+    pass  # --help exits; a client command fails to connect: only the imports matter
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
+"""
+
+
+def loaded(*argv: str) -> set[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINQ_")}
+    env.update(TRAINQ_API_URL=DEAD_URL, TRAINQ_API_KEY="a-key")
+    out = subprocess.run(
+        [sys.executable, "-c", RUN, *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["submit", "--help"],
+        ["submit", "--epochs", "1"],
+        ["ls"],
+        ["watch", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
+        ["cancel", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
+        ["download", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
+    ],
+    ids=" ".join,
+)
+def test_client_commands_load_no_heavy_module(argv: list[str]) -> None:
+    assert loaded(*argv) & set(HEAVY) == set()
+
+
+def test_the_help_still_names_every_command() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "cli", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    for name in ("submit", "ls", "watch", "cancel", "download", "train"):
+        assert name in out.stdout
+    for name in ("migrate", "serve", "worker", "up"):
+        assert name in out.stdout
