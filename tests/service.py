@@ -22,7 +22,7 @@ import pytest
 from redis import Redis
 from sqlalchemy import create_engine, text
 
-from client.http import Client
+from client.http import ApiError, Client
 from core.local.redis_server import redis_binary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,6 +101,16 @@ class RedisServer:
 
     def client(self) -> Redis:
         return Redis.from_url(self.url)
+
+
+def status_of(c: Client, job_id: str) -> str | None:
+    """None until the worker has taken the job and created its row."""
+    try:
+        return str(c.job(job_id)["status"])
+    except ApiError as e:
+        if e.status == 404:
+            return None
+        raise
 
 
 def postgres_database() -> Iterator[str]:

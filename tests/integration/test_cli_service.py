@@ -15,10 +15,10 @@ from typing import NamedTuple
 import httpx
 import pytest
 
-from client.http import ApiError, Client
+from client.http import Client
 from core.local.migrate import upgrade
 from core.queue import enqueue_job
-from tests.service import REPO, RedisServer, free_port, kill_group, wait_until
+from tests.service import REPO, RedisServer, free_port, kill_group, status_of, wait_until
 
 NOT_AT_HEAD = "run `trainq migrate` first"
 
@@ -123,14 +123,7 @@ def test_up_makes_a_key_that_sees_jobs_enqueued_without_an_owner(
         spec = {"epochs": 1, "max_steps": 2}
         enqueue_job(r, queue=up.queue, job_id=job_id, spec=spec, owner=None, timeout_s=600)
     with Client(up.url, key) as c:
-
-        def visible() -> str | None:
-            try:
-                return str(c.job(job_id)["status"])
-            except ApiError as e:
-                if e.status == 404:
-                    return None
-                raise
-
-        wait_until(lambda: visible() == "succeeded", 120, "the owner-less job", interval=0.2)
+        wait_until(
+            lambda: status_of(c, job_id) == "succeeded", 120, "the owner-less job", interval=0.2
+        )
         assert job_id in [j["id"] for j in c.jobs()]

@@ -6,8 +6,7 @@ import subprocess
 import sys
 import uuid
 
-from client.http import ApiError, Client
-from tests.service import Service, wait_until
+from tests.service import Service, status_of, wait_until
 
 DIRECT = """
 import json, sys
@@ -30,16 +29,6 @@ def enqueue_directly(service: Service, job_id: str, spec: str) -> None:
         check=True,
         cwd="/",  # nothing of trainq's on the path
     )
-
-
-def status_of(c: Client, job_id: str) -> str | None:
-    """None until the worker has taken the job and created its row."""
-    try:
-        return str(c.job(job_id)["status"])
-    except ApiError as e:
-        if e.status == 404:
-            return None
-        raise
 
 
 def test_a_job_enqueued_with_only_redis_and_rq_runs_and_is_visible(service: Service) -> None:
