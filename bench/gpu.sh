@@ -1,32 +1,26 @@
 #!/usr/bin/env bash
-# The GPU checks, as one prepared script for a machine with a CUDA GPU (under 5 minutes).
-# Prints JSON lines: the CUDA-only tests' outcome, the article-vs-trainq trainer benchmark
-# on CUDA (fp16 GradScaler baseline against trainq's default), trainq with torch.compile
-# (CUDA graphs), and the article's claims (view/flatten, empty_cache) measured on the GPU.
-# Usage: bench/gpu.sh   (expects .venv from scripts/setup, or torch in the python3 on PATH)
+# The GPU checks, as one prepared script for a machine with a CUDA GPU (about 5 minutes).
+# Each step prints JSON (or pytest's summary) and has its own time limit, so one that hangs
+# cannot hide the others:
+#   1. the trainer's unit tests on the GPU: with a GPU present every trainer test runs on
+#      CUDA ("auto"), the CUDA-only ones included (fp16 without per-step syncs, compile, the
+#      step buffer), and resume and export on CUDA;
+#   2. bench.trainer on CUDA: the article's pipeline (fp16 GradScaler) against trainq's default;
+#   3. bench.gpu: steady images/s at batch 64, 128, 512 and 4,096, bf16 against fp16, fused
+#      against foreach optimizers, eager against torch.compile (CUDA graphs), peak memory, and
+#      the streamed memory figures checked against torch.cuda.max_memory_allocated;
+#   4. bench.claims on CUDA: the article's view/flatten and empty_cache claims.
+# Usage: bench/gpu.sh [OUTDIR] [--quick]   (expects .venv from scripts/setup, or torch in python3)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+OUTDIR=${1:-${OUT:-/tmp/trainq-gpu}}
+mkdir -p "$OUTDIR"
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-"$PY" - <<'PYEOF'
-import json, torch
-print(json.dumps({"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-                  "torch": torch.__version__, "cuda": torch.version.cuda}))
-PYEOF
-"$PY" -m pytest -q -p no:cacheprovider tests/unit/test_trainer.py -k "cuda or fp16 or compile" 2>&1 | tail -3
-timeout 150 "$PY" -m bench.trainer --device cuda --epochs 2
-timeout 90 "$PY" - <<'PYEOF'
-import json, tempfile, pathlib
-from bench.trainer import build_bench_data, run_trainq
-import torch
-with tempfile.TemporaryDirectory() as tmp:
-    root = pathlib.Path(tmp) / "b"
-    build_bench_data(root, pathlib.Path(tmp) / "s")
-    dev = torch.device("cuda")
-    out = {name: run_trainq(root, 2, dev, **kw) for name, kw in {
-        "default_bs64": {}, "bs128": {"batch_size": 128}, "bs512": {"batch_size": 512},
-        "compile_bs128": {"compile": True, "batch_size": 128},
-    }.items()}
-    print(json.dumps({"benchmark": "trainq_variants_cuda", "results": out}))
-PYEOF
-timeout 60 "$PY" -m bench.claims --device cuda
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+"$PY" -c 'import json, torch; print(json.dumps({"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "torch": torch.__version__, "cuda": torch.version.cuda}))'
+timeout 120 "$PY" -m pytest -q -p no:cacheprovider --junitxml="$OUTDIR/unit.xml" \
+  tests/unit/test_trainer.py tests/unit/test_step_buffer.py tests/unit/test_resume.py \
+  tests/unit/test_export.py tests/unit/test_preemption.py 2>&1 | tee "$OUTDIR/unit.log" | tail -15
+timeout 100 "$PY" -m bench.trainer --device cuda --epochs 2 | tee "$OUTDIR/trainer.json"
+timeout 240 "$PY" -m bench.gpu --epochs 2 | tee "$OUTDIR/gpu.json"
+[ "${2:-}" = "--quick" ] || timeout 60 "$PY" -m bench.claims --device cuda | tee "$OUTDIR/claims.json"

@@ -404,16 +404,23 @@ class _Run:
     def _optimizer(self) -> torch.optim.Optimizer:
         spec = self.spec
         params = self.model.parameters()
-        # foreach: one fused multi-tensor kernel per update instead of one per parameter.
+        # On CUDA the fused update is a few kernels for all parameters, and it takes the fp16
+        # scaler's inf check on the device: a foreach optimizer makes GradScaler.step read
+        # that check on the host, a sync every step. On the CPU, foreach.
+        fused = self.dev.type == "cuda"
+        foreach = not fused
         if spec.optimizer is Optimizer.sgd:
             return torch.optim.SGD(
                 params,
                 lr=spec.lr,
                 momentum=spec.momentum,
                 weight_decay=spec.weight_decay,
-                foreach=True,
+                foreach=foreach,
+                fused=fused,
             )
-        return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, foreach=True)
+        return torch.optim.AdamW(
+            params, lr=spec.lr, weight_decay=spec.weight_decay, foreach=foreach, fused=fused
+        )
 
     def _scheduler(self, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
         spec = self.spec
