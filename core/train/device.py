@@ -48,6 +48,11 @@ def resolve_amp(amp: Amp, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if cpu_has_fast_bf16() else None
 
 
+def amp_name(amp_dtype: torch.dtype | None) -> str:
+    """The resolved mixed precision as runs report it: "bfloat16", "float16" or "off"."""
+    return str(amp_dtype).removeprefix("torch.") if amp_dtype else "off"
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

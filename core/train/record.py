@@ -13,7 +13,7 @@ import torchvision
 
 from core.spec import JobSpec
 from core.train.data import Dataset
-from core.train.device import device_name
+from core.train.device import amp_name, device_name
 
 
 def run_record(
@@ -26,7 +26,7 @@ def run_record(
     return {
         "finished_at": dt.datetime.now(dt.UTC).isoformat(),
         "spec": spec.model_dump(mode="json"),
-        "amp_resolved": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
+        "amp_resolved": amp_name(amp_dtype),
         "versions": {
             "python": platform.python_version(),
             "torch": torch.__version__,

@@ -9,18 +9,18 @@ import torch
 
 from core.errors import TrainingDiverged
 from core.train import StepMetrics
-from core.train.loop import _StepBuffer
+from core.train.step_buffer import StepBuffer
 from tests.conftest import cuda
 
 
-def _fill(buf: _StepBuffer, dev: torch.device, values: list[float]) -> None:
+def _fill(buf: StepBuffer, dev: torch.device, values: list[float]) -> None:
     for i, v in enumerate(values):
         buf.add(i + 1, 1, torch.tensor(v, device=dev), 0.01, 32)
 
 
 def test_every_step_once_in_order_with_its_loss() -> None:
     got: list[StepMetrics] = []
-    buf = _StepBuffer(torch.device("cpu"), 8, got.extend)
+    buf = StepBuffer(torch.device("cpu"), 8, got.extend)
     values = [2.5 - 0.1 * i for i in range(20)]
     for i, v in enumerate(values):
         buf.add(i + 1, 1, torch.tensor(v), 0.01, 32)
@@ -33,7 +33,7 @@ def test_every_step_once_in_order_with_its_loss() -> None:
 
 def test_a_non_finite_loss_stops_before_it_is_reported() -> None:
     got: list[StepMetrics] = []
-    buf = _StepBuffer(torch.device("cpu"), 8, got.extend)
+    buf = StepBuffer(torch.device("cpu"), 8, got.extend)
     _fill(buf, torch.device("cpu"), [1.0, 0.9, math.inf, 0.8])
     with pytest.raises(TrainingDiverged, match="step 3"):
         buf.flush()
@@ -46,7 +46,7 @@ def test_flush_reads_the_losses_only_after_the_copy_has_landed() -> None:
     waited on that mark (recorded before the copy) read the pinned buffer too early."""
     dev = torch.device("cuda")
     got: list[StepMetrics] = []
-    buf = _StepBuffer(dev, 64, got.extend)
+    buf = StepBuffer(dev, 64, got.extend)
     values = [float(i + 1) for i in range(64)]
     _fill(buf, dev, values)
     big = torch.randn(4096, 4096, device=dev)

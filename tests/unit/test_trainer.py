@@ -12,7 +12,7 @@ from core.errors import InvalidSpec, TrainingDiverged, TrainingStopped, Training
 from core.spec import Amp, JobSpec
 from core.train import Callbacks, TrainResult, train
 from core.train.data import load_dataset
-from core.train.loop import _Run
+from core.train.run import Run
 from tests.conftest import Recorder, cuda
 
 
@@ -109,10 +109,10 @@ def test_gradscaler_unscales_before_clipping(data_dir: Path) -> None:
     have the clip norm in true units, not in the scaler's 65536x units."""
     spec = small(grad_clip_norm=0.01, amp="off", channels_last=False)
     data = load_dataset(spec.dataset, data_dir)
-    run = _Run(spec, torch.device("cpu"), torch.float16, data)  # CPU fp16 autocast + scaler
+    run = Run(spec, torch.device("cpu"), torch.float16, data)  # CPU fp16 autocast + scaler
     assert run.scaler.is_enabled()
     x, y = next(run.batches.epoch(1))
-    loss, _ = run._step(x, y)
+    loss, _ = run.step(x, y)
     norm = torch.norm(torch.stack([p.grad.norm() for p in run.model.parameters()]))
     assert float(norm) == pytest.approx(0.01, rel=1e-3)
     assert run.scaler.get_scale() > 0 and math.isfinite(float(loss))

@@ -1,0 +1,233 @@
+"""The state of one run: model, optimiser, schedule, scaler and batches; one training step,
+evaluation, and the checkpoint a resume starts from."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from core.spec import DataPath, JobSpec, Optimizer, Scheduler
+from core.train.data import Dataset, ResidentBatches, loader_batches
+from core.train.epoch import EpochProgress
+from core.train.model import Net
+
+
+def no_progress() -> None:
+    return None
+
+
+class Batches(Protocol):
+    def __len__(self) -> int: ...
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+class Run:
+    """The state of one run: model, optimiser, schedule, scaler, batches."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        dev: torch.device,
+        amp_dtype: torch.dtype | None,
+        data: Dataset,
+        progress: Callable[[], None] = no_progress,
+    ) -> None:
+        self.spec = spec
+        self.dev = dev
+        self.amp_dtype = amp_dtype
+        self.data = data
+        self.progress = progress
+        c, h, w = data.image_shape
+        self.model = Net(
+            in_channels=c,
+            image_size=(h, w),
+            conv1=spec.conv1_channels,
+            conv2=spec.conv2_channels,
+            hidden=spec.hidden,
+            num_classes=data.num_classes,
+            gradient_checkpointing=spec.gradient_checkpointing,
+        ).to(dev)
+        if spec.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.forward: Callable[[torch.Tensor], torch.Tensor] = self.model
+        if spec.compile:
+            # On CUDA, "reduce-overhead" replays the model's forward and backward kernels as
+            # CUDA graphs (the optimizer's step runs outside them).
+            mode = "reduce-overhead" if dev.type == "cuda" else None
+            self.forward = torch.compile(self.model, mode=mode)
+        self.batches = self._batches()
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=spec.label_smoothing)
+        self.optimizer = self._optimizer()
+        self.scheduler = self._scheduler(spec.epochs * len(self.batches))
+        self.scaler = torch.amp.GradScaler(dev.type, enabled=amp_dtype is torch.float16)
+        self.first_fp16_step = self.scaler.is_enabled()
+        self.cuda_graphs = spec.compile and dev.type == "cuda"
+        self.resumed: EpochProgress | None = None  # set by a mid-epoch checkpoint
+
+    def _batches(self) -> Batches:
+        spec, data = self.spec, self.data
+        if spec.data_path is DataPath.device:
+            return ResidentBatches(
+                data.train,
+                self.dev,
+                batch_size=spec.batch_size,
+                mean=data.mean,
+                std=data.std,
+                channels_last=spec.channels_last,
+                seed=spec.seed,
+            )
+        return loader_batches(
+            data,
+            self.dev,
+            batch_size=spec.batch_size,
+            channels_last=spec.channels_last,
+            seed=spec.seed,
+            num_workers=spec.num_workers,
+            pin_memory=spec.pin_memory,
+            persistent_workers=spec.persistent_workers,
+            prefetch_factor=spec.prefetch_factor,
+        )
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        spec = self.spec
+        params = self.model.parameters()
+        # On CUDA the fused update is a few kernels for all parameters, and it takes the fp16
+        # scaler's inf check on the device: a foreach optimizer makes GradScaler.step read
+        # that check on the host, a sync every step. On the CPU, foreach.
+        fused = self.dev.type == "cuda"
+        foreach = not fused
+        if spec.optimizer is Optimizer.sgd:
+            return torch.optim.SGD(
+                params,
+                lr=spec.lr,
+                momentum=spec.momentum,
+                weight_decay=spec.weight_decay,
+                foreach=foreach,
+                fused=fused,
+            )
+        return torch.optim.AdamW(
+            params, lr=spec.lr, weight_decay=spec.weight_decay, foreach=foreach, fused=fused
+        )
+
+    def _scheduler(self, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+        spec = self.spec
+        if spec.scheduler is Scheduler.cosine:
+            # Stepped every batch: a smooth decay rather than the article's per-epoch stairs.
+            return torch.optim.lr_scheduler.CosineAnnealingLR(
+                self.optimizer, T_max=total_steps, eta_min=spec.min_lr
+            )
+        if spec.scheduler is Scheduler.onecycle:
+            return torch.optim.lr_scheduler.OneCycleLR(
+                self.optimizer, max_lr=spec.lr, total_steps=total_steps
+            )
+        return torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        if self.amp_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.dev.type, dtype=self.amp_dtype)
+
+    def progress_of(self, epoch: int) -> EpochProgress:
+        """The resumed epoch's progress from a mid-epoch checkpoint, or a fresh start."""
+        resumed, self.resumed = self.resumed, None
+        if resumed is not None and resumed.epoch == epoch:
+            return resumed
+        return EpochProgress.start(epoch, self.dev)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cuda_graphs:
+            # CUDA graphs reuse their output buffers: mark each step so a replay never
+            # overwrites a tensor this step still reads.
+            torch.compiler.cudagraph_mark_step_begin()
+        with self.autocast():
+            logits = self.forward(x)
+            loss = self.criterion(logits, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        # GradScaler order: scale -> backward -> unscale -> clip -> step -> update.
+        # With fp16 off the scaler is a pass-through.
+        self.scaler.scale(loss).backward()
+        if self.spec.grad_clip_norm is not None:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self._advance_schedule()
+        return loss.detach(), logits.detach()
+
+    def _advance_schedule(self) -> None:
+        if self.first_fp16_step:
+            # fp16: the scaler skips optimizer.step() when a step's gradients overflowed and the
+            # schedule still advances (as torch's AMP recipe does); on the very first step torch
+            # then warns that the order is wrong. It is not: keep that one warning quiet.
+            self.first_fp16_step = False
+            with warnings.catch_warnings():
+                warnings.filterwarnings(
+                    "ignore", "Detected call of `lr_scheduler.step", UserWarning
+                )
+                self.scheduler.step()
+            return
+        self.scheduler.step()
+
+    @torch.inference_mode()
+    def evaluate(self, batch_size: int = 2048) -> tuple[float, float]:
+        self.model.eval()
+        test = self.data.test
+        mean, std = self.data.mean * 255.0, self.data.std * 255.0
+        fmt = torch.channels_last if self.spec.channels_last else torch.contiguous_format
+        images = test.images.to(self.dev)
+        labels = test.labels.to(self.dev)
+        loss_sum = torch.zeros((), device=self.dev)
+        correct = torch.zeros((), dtype=torch.long, device=self.dev)
+        for i in range(0, len(labels), batch_size):
+            x = images[i : i + batch_size].float().sub_(mean).div_(std)
+            y = labels[i : i + batch_size]
+            with self.autocast():
+                logits = self.model(x.contiguous(memory_format=fmt))
+            loss_sum += nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+            correct += (logits.argmax(1) == y).sum()
+            self.progress()
+        n = len(labels)
+        return loss_sum.item() / n, correct.item() / n
+
+    def checkpoint(self, epoch: int, step: int, within: dict[str, Any] | None = None) -> bytes:
+        """Everything a resume needs; the data order is derived from (seed, epoch). At the
+        end of `epoch`, or inside it with `within` (an EpochProgress state)."""
+        state = {
+            "epoch": epoch,
+            "step": step,
+            "spec": self.spec.model_dump(mode="json"),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "cpu_rng": torch.get_rng_state(),
+        }
+        if self.dev.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.dev)
+        if within is not None:
+            state["within_epoch"] = within
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return buf.getvalue()
+
+    def load_checkpoint(self, blob: bytes) -> tuple[int, int]:
+        """Restore a checkpoint; returns (the epoch to train next, the last step done)."""
+        state = torch.load(io.BytesIO(blob), map_location=self.dev, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["cpu_rng"].cpu())
+        if "cuda_rng" in state and self.dev.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.dev)
+        epoch, step = int(state["epoch"]), int(state["step"])
+        if "within_epoch" in state:
+            self.resumed = EpochProgress.from_state(epoch, state["within_epoch"])
+            return epoch, step
+        return epoch + 1, step
