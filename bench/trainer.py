@@ -30,7 +30,7 @@ from torchvision import datasets, transforms
 
 from core.spec import JobSpec
 from core.train import train
-from core.train.data import IDX_FILES, _write_idx, load_dataset
+from core.train.data import IDX_FILES, load_dataset, write_idx
 from core.train.device import device_name, resolve_device
 
 REPEAT = 15  # 4,000 x 15 = 60,000 training images
@@ -52,7 +52,7 @@ def build_bench_data(root: Path, cache: Path) -> None:
         ),
         strict=True,
     ):
-        _write_idx(raw / name, t)
+        write_idx(raw / name, t)
 
 
 class ArticleNet(nn.Module):

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, HTTPException, Response, UploadFile
 
 from api.access import visible_dataset
+from api.body import BODY_SLACK, refuse_large_file
 from api.deps import CallerDep, ReaderDep, SessionDep, SettingsDep
 from api.errors import RETRY_AFTER_S
 from api.schemas import DatasetOut, Problem
@@ -30,7 +31,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "Missing or unknown API key."},
     404: {"model": Problem, "description": "No such data set (or not yours)."},
 }
-BODY_SLACK = 64 << 10  # multipart headers, boundaries and the name field
 DatasetId = Annotated[uuid.UUID, "a data set id"]
 
 
@@ -89,10 +89,7 @@ def upload_dataset(
 ) -> DatasetOut:
     # A sync route: FastAPI runs it in the threadpool, so reading and parsing never block
     # the event loop. The body is already spooled (and capped by max_body_size).
-    if file.size is not None and file.size > MAX_UPLOAD_BYTES:
-        raise HTTPException(
-            413, detail=f"file is {file.size} bytes: at most {MAX_UPLOAD_BYTES} (200 MiB)"
-        )
+    refuse_large_file(file, MAX_UPLOAD_BYTES, "file", f"{MAX_UPLOAD_BYTES} (200 MiB)")
     slots = upload_slots(settings.max_parallel_uploads)
     if not slots.acquire(blocking=False):
         raise HTTPException(

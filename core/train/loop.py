@@ -18,19 +18,9 @@ from core.train.data import load_dataset
 from core.train.device import amp_name, device_name, resolve_amp, resolve_device
 from core.train.epoch import EpochStats, Limits, train_epoch
 from core.train.export import export_torchscript
-from core.train.metrics import Callbacks, EpochMetrics, RunInfo, StepMetrics, TrainResult
+from core.train.metrics import Callbacks, EpochMetrics, RunInfo, TrainResult
 from core.train.record import run_record
 from core.train.run import Run, no_progress
-
-__all__ = [
-    "Callbacks",
-    "EpochMetrics",
-    "RunInfo",
-    "StepMetrics",
-    "TrainResult",
-    "is_out_of_memory",
-    "train",
-]
 
 
 def train(

@@ -72,48 +72,38 @@ class Run:
 
     def _batches(self) -> Batches:
         spec, data = self.spec, self.data
+        order: dict[str, Any] = {
+            "batch_size": spec.batch_size,
+            "channels_last": spec.channels_last,
+            "seed": spec.seed,
+        }
         if spec.data_path is DataPath.device:
-            return ResidentBatches(
-                data.train,
-                self.dev,
-                batch_size=spec.batch_size,
-                mean=data.mean,
-                std=data.std,
-                channels_last=spec.channels_last,
-                seed=spec.seed,
-            )
+            return ResidentBatches(data.train, self.dev, mean=data.mean, std=data.std, **order)
         return loader_batches(
             data,
             self.dev,
-            batch_size=spec.batch_size,
-            channels_last=spec.channels_last,
-            seed=spec.seed,
             num_workers=spec.num_workers,
             pin_memory=spec.pin_memory,
             persistent_workers=spec.persistent_workers,
             prefetch_factor=spec.prefetch_factor,
+            **order,
         )
 
     def _optimizer(self) -> torch.optim.Optimizer:
         spec = self.spec
-        params = self.model.parameters()
         # On CUDA the fused update is a few kernels for all parameters, and it takes the fp16
         # scaler's inf check on the device: a foreach optimizer makes GradScaler.step read
         # that check on the host, a sync every step. On the CPU, foreach.
         fused = self.dev.type == "cuda"
-        foreach = not fused
+        common: dict[str, Any] = {
+            "lr": spec.lr,
+            "weight_decay": spec.weight_decay,
+            "foreach": not fused,
+            "fused": fused,
+        }
         if spec.optimizer is Optimizer.sgd:
-            return torch.optim.SGD(
-                params,
-                lr=spec.lr,
-                momentum=spec.momentum,
-                weight_decay=spec.weight_decay,
-                foreach=foreach,
-                fused=fused,
-            )
-        return torch.optim.AdamW(
-            params, lr=spec.lr, weight_decay=spec.weight_decay, foreach=foreach, fused=fused
-        )
+            return torch.optim.SGD(self.model.parameters(), momentum=spec.momentum, **common)
+        return torch.optim.AdamW(self.model.parameters(), **common)
 
     def _scheduler(self, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
         spec = self.spec
