@@ -9,7 +9,6 @@ malformed JSON body answered 422)."""
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.middleware import HTTPMiddleware
+from core.owners import key_digest, owner_id
 
 HASHED = "sha256:"
 UNAUTHORIZED = "missing or unknown API key: send 'Authorization: Bearer <key>'"
@@ -39,14 +39,6 @@ class Caller:
         other key only what it owns (an owner-less job, enqueued straight onto the queue
         without one, is an admin's)."""
         return self.admin or owner == self.owner
-
-
-def key_digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def owner_id(key: str) -> str:
-    return "k_" + key_digest(key)[:16]
 
 
 class KeyRing:

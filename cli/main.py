@@ -1,8 +1,9 @@
 """`trainq`: the command line.
 
 The commands are a table of names: a command's module is imported only when that command
-runs, so `trainq --help` and the commands that talk to the API never load torch or the
-server's libraries (and work on the light install, `pip install trainq`)."""
+runs, and only the chosen command's arguments are built, so `trainq --help` loads argparse
+alone, and the commands that talk to the API never load torch or the server's libraries
+(and work on the light install, `pip install trainq`)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from pydantic import ValidationError
-
 from cli import options
-from core.errors import field_problems
 
 Runner = Callable[[argparse.Namespace], int]
 
@@ -76,18 +74,32 @@ COMMANDS = {
 }
 
 
-def format_validation_error(e: ValidationError) -> str:
-    return "\n  ".join(["invalid job spec:", *field_problems(e)])
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """Every command is listed; only the one named first in `argv` gets its arguments (the
+    job spec's options need the JobSpec, which costs more than the rest of the start-up)."""
+    chosen = argv[0] if argv else None
     parser = argparse.ArgumentParser(prog="trainq", description="Training-as-a-service for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
-        command.options(sub.add_parser(name, help=command.help, description=command.help))
-    args = parser.parse_args(argv)
+        command_parser = sub.add_parser(name, help=command.help, description=command.help)
+        if name == chosen:
+            command.options(command_parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser_for(argv).parse_args(argv)
     try:
         return COMMANDS[args.command].runner()(args)
-    except ValidationError as e:
-        print(format_validation_error(e), file=sys.stderr)
+    except Exception as e:
+        # pydantic is imported by the commands that validate, not here: whatever raised a
+        # ValidationError has loaded it already.
+        from pydantic import ValidationError
+
+        if not isinstance(e, ValidationError):
+            raise
+        from core.errors import field_problems
+
+        print("\n  ".join(["invalid job spec:", *field_problems(e)]), file=sys.stderr)
         return 2

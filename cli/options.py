@@ -1,18 +1,22 @@
-"""The arguments of every `trainq` command. `trainq --help` builds them all, so this module
-imports only argparse and the JobSpec; what a command runs is imported when it runs."""
+"""The arguments of every `trainq` command. `trainq` builds only the chosen command's, and
+the JobSpec behind the spec options and the statuses is imported only by the commands that
+take them: building it costs more than the rest of the start-up."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from core.spec import JobSpec, JobStatus
+if TYPE_CHECKING:
+    from core.spec import JobSpec
 
 
 def add_spec_options(parser: argparse.ArgumentParser) -> None:
     """One option per JobSpec field; values are validated by JobSpec itself."""
+    from core.spec import JobSpec
+
     group = parser.add_argument_group("job spec (see JobSpec; defaults are the fastest choice)")
     for name, field in JobSpec.model_fields.items():
         default = field.default
@@ -27,6 +31,8 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
+    from core.spec import JobSpec
+
     values: dict[str, Any] = json.loads(args.spec.read_text()) if args.spec else {}
     for key, value in vars(args).items():
         if key.startswith("spec_") and value is not None:
@@ -45,6 +51,8 @@ def submit_options(p: argparse.ArgumentParser) -> None:
 
 
 def ls_options(p: argparse.ArgumentParser) -> None:
+    from core.spec import JobStatus
+
     p.add_argument("--status", choices=[s.value for s in JobStatus])
     p.add_argument("--limit", type=int, default=20)
 

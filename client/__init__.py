@@ -1,6 +1,8 @@
 """trainq's light client: what another service needs to submit and follow jobs over HTTP
-(`Client`), without torch or the server's dependencies."""
+(`Client`), or to enqueue them straight onto the queue for a key's owner (`owner_for_key`),
+without torch or the server's dependencies."""
 
 from client.http import ApiError, Client
+from core.owners import owner_id as owner_for_key
 
-__all__ = ["ApiError", "Client"]
+__all__ = ["ApiError", "Client", "owner_for_key"]

@@ -14,9 +14,11 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
+
+from core.spec import TERMINAL
 
 
 class ApiError(Exception):
@@ -52,14 +54,16 @@ class Client:
             raise ApiError(resp.status_code, detail)
         return resp.json()
 
+    def _object(self, resp: httpx.Response) -> dict[str, Any]:
+        """The JSON object that every route but /epochs answers."""
+        return cast(dict[str, Any], self._json(resp))
+
     def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        result: dict[str, Any] = self._json(self.http.post("/jobs", json=spec, headers=headers))
-        return result
+        return self._object(self.http.post("/jobs", json=spec, headers=headers))
 
     def job(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json(self.http.get(f"/jobs/{job_id}"))
-        return result
+        return self._object(self.http.get(f"/jobs/{job_id}"))
 
     def jobs(self, status: str | None = None, limit: int = 50) -> Iterator[dict[str, Any]]:
         """Every job, newest first, following the cursors."""
@@ -67,33 +71,28 @@ class Client:
         if status:
             params["status"] = status
         while True:
-            page = self._json(self.http.get("/jobs", params=params))
+            page = self._object(self.http.get("/jobs", params=params))
             yield from page["items"]
             if not page["next"]:
                 return
             params["cursor"] = page["next"]
 
     def metrics(self, job_id: str, after: int = 0, limit: int = 1000) -> dict[str, Any]:
-        result: dict[str, Any] = self._json(
+        return self._object(
             self.http.get(f"/jobs/{job_id}/metrics", params={"after": after, "limit": limit})
         )
-        return result
 
     def epochs(self, job_id: str) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._json(self.http.get(f"/jobs/{job_id}/epochs"))
-        return result
+        return cast(list[dict[str, Any]], self._json(self.http.get(f"/jobs/{job_id}/epochs")))
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json(self.http.post(f"/jobs/{job_id}/cancel"))
-        return result
+        return self._object(self.http.post(f"/jobs/{job_id}/cancel"))
 
     def record(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json(self.http.get(f"/jobs/{job_id}/record"))
-        return result
+        return self._object(self.http.get(f"/jobs/{job_id}/record"))
 
     def health(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._json(self.http.get("/health"))
-        return result
+        return self._object(self.http.get("/health"))
 
     def events(self, job_id: str, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
         """Follow the job's Server-Sent Events until it ends; reconnects resume where the
@@ -110,11 +109,7 @@ class Client:
                     for event in _parse_sse(resp.iter_lines()):
                         last_event_id = event["id"]
                         yield event
-                        if event["event"] == "status" and event["data"].get("status") in (
-                            "succeeded",
-                            "failed",
-                            "canceled",
-                        ):
+                        if event["event"] == "status" and event["data"].get("status") in TERMINAL:
                             return
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError):
                 time.sleep(0.5)  # the API restarted or the connection dropped: resume

@@ -68,49 +68,116 @@ class JobSpec(BaseModel):
 
     dataset: str = Field(
         "mnist-sample",
+        title="Data set",
         max_length=64,
         description="Which data set to train on: one of "
         f'{", ".join(DATASETS)}, or "ds:<id>" for one uploaded with POST /datasets.',
         examples=["mnist-sample", "ds:3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"],
     )
-    epochs: int = Field(5, ge=1, le=200, description="Passes over the training set.")
-    batch_size: int = Field(64, ge=1, le=65536, description="Images per training step.")
-    lr: float = Field(1e-3, gt=0, le=10, description="Peak learning rate.")
-    weight_decay: float = Field(1e-4, ge=0, le=1, description="Decoupled weight decay.")
-    optimizer: Optimizer = Optimizer.adamw
-    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (SGD only).")
-    scheduler: Scheduler = Scheduler.cosine
-    min_lr: float = Field(1e-5, ge=0, le=10, description="Where the cosine schedule ends.")
-    amp: Amp = Field(Amp.auto, description="Mixed precision: auto, fp16 (CUDA), bf16 or off.")
+    epochs: int = Field(
+        5, title="Epochs", ge=1, le=200, description="Passes over the training set."
+    )
+    batch_size: int = Field(
+        64, title="Batch size", ge=1, le=65536, description="Images per training step."
+    )
+    lr: float = Field(1e-3, title="Learning rate", gt=0, le=10, description="Peak learning rate.")
+    weight_decay: float = Field(
+        1e-4, title="Weight decay", ge=0, le=1, description="Decoupled weight decay."
+    )
+    optimizer: Optimizer = Field(Optimizer.adamw, title="Optimizer")
+    momentum: float = Field(
+        0.9, title="Momentum", ge=0, lt=1, description="SGD momentum (SGD only)."
+    )
+    scheduler: Scheduler = Field(Scheduler.cosine, title="Learning-rate schedule")
+    min_lr: float = Field(
+        1e-5,
+        title="Final learning rate",
+        ge=0,
+        le=10,
+        description="Where the cosine schedule ends.",
+    )
+    amp: Amp = Field(
+        Amp.auto,
+        title="Mixed precision",
+        description="Mixed precision: auto, fp16 (CUDA), bf16 or off.",
+    )
     grad_clip_norm: PositiveFloat | None = Field(
-        None, le=1e6, description="Clip the global gradient norm to this value."
+        None,
+        title="Gradient clipping norm",
+        le=1e6,
+        description="Clip the global gradient norm to this value.",
     )
     label_smoothing: float = Field(
-        0.1, ge=0, le=0.5, description="Soften the targets: helps small data sets generalise."
+        0.1,
+        title="Label smoothing",
+        ge=0,
+        le=0.5,
+        description="Soften the targets: helps small data sets generalise.",
     )
-    channels_last: bool = Field(True, description="NHWC memory format for the conv layers.")
-    compile: bool = Field(False, description="torch.compile the model (CUDA graphs on GPU).")
+    channels_last: bool = Field(
+        True,
+        title="Channels-last memory format",
+        description="NHWC memory format for the conv layers.",
+    )
+    compile: bool = Field(
+        False, title="torch.compile", description="torch.compile the model (CUDA graphs on GPU)."
+    )
     gradient_checkpointing: bool = Field(
-        False, description="Recompute the second conv block in backward to save memory."
+        False,
+        title="Gradient checkpointing",
+        description="Recompute the second conv block in backward to save memory.",
     )
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    data_path: DataPath = DataPath.device
-    num_workers: int = Field(2, ge=0, le=32, description="DataLoader workers (dataloader path).")
-    pin_memory: bool = Field(True, description="Pinned host batches (dataloader path, CUDA).")
-    persistent_workers: bool = Field(True, description="Keep DataLoader workers between epochs.")
-    prefetch_factor: int = Field(2, ge=1, le=16, description="Batches each worker prefetches.")
-    conv1_channels: int = Field(32, ge=1, le=512)
-    conv2_channels: int = Field(64, ge=1, le=1024)
-    hidden: int = Field(128, ge=1, le=8192, description="Width of the fully connected layer.")
+    seed: int = Field(0, title="Random seed", ge=0, le=2**31 - 1)
+    data_path: DataPath = Field(DataPath.device, title="Data path")
+    num_workers: int = Field(
+        2,
+        title="DataLoader workers",
+        ge=0,
+        le=32,
+        description="DataLoader workers (dataloader path).",
+    )
+    pin_memory: bool = Field(
+        True, title="Pinned memory", description="Pinned host batches (dataloader path, CUDA)."
+    )
+    persistent_workers: bool = Field(
+        True,
+        title="Persistent DataLoader workers",
+        description="Keep DataLoader workers between epochs.",
+    )
+    prefetch_factor: int = Field(
+        2, title="Prefetch factor", ge=1, le=16, description="Batches each worker prefetches."
+    )
+    conv1_channels: int = Field(32, title="First conv layer channels", ge=1, le=512)
+    conv2_channels: int = Field(64, title="Second conv layer channels", ge=1, le=1024)
+    hidden: int = Field(
+        128, title="Hidden units", ge=1, le=8192, description="Width of the fully connected layer."
+    )
     max_duration_s: PositiveFloat | None = Field(
-        None, le=7 * 24 * 3600, description="Stop with code `timeout` past this many seconds."
+        None,
+        title="Time limit (s)",
+        le=7 * 24 * 3600,
+        description="Stop with code `timeout` past this many seconds.",
     )
     target_accuracy: float | None = Field(
-        None, gt=0, le=1, description="Stop early once an epoch's test accuracy reaches this."
+        None,
+        title="Target accuracy",
+        gt=0,
+        le=1,
+        description="Stop early once an epoch's test accuracy reaches this.",
     )
-    max_restarts: int = Field(2, ge=0, le=20, description="Requeues after a lost worker.")
+    max_restarts: int = Field(
+        2,
+        title="Restarts after a lost worker",
+        ge=0,
+        le=20,
+        description="Requeues after a lost worker.",
+    )
     max_steps: int | None = Field(
-        None, ge=1, le=10**9, description="Stop after this many steps in all (smoke runs)."
+        None,
+        title="Step limit",
+        ge=1,
+        le=10**9,
+        description="Stop after this many steps in all (smoke runs).",
     )
 
     @field_validator("dataset")

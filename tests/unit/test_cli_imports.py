@@ -14,6 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "torchvision", "fastapi", "starlette", "sqlalchemy", "alembic", "uvicorn")
+# What the help of a command without spec options does not need either: the JobSpec (and so
+# pydantic), the settings and the HTTP client load only when a command runs.
+RUNTIME = ("pydantic", "pydantic_settings", "httpx", "tqdm")
 # The API of a closed port: each client command fails at its first request.
 DEAD_URL = "http://127.0.0.1:9"
 
@@ -58,6 +61,27 @@ def loaded(*argv: str) -> set[str]:
 )
 def test_client_commands_load_no_heavy_module(argv: list[str]) -> None:
     assert loaded(*argv) & set(HEAVY) == set()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["watch", "--help"], ["cancel", "--help"], ["download", "--help"]],
+    ids=" ".join,
+)
+def test_help_builds_only_the_parser(argv: list[str]) -> None:
+    assert loaded(*argv) & set(RUNTIME) == set()
+
+
+def test_an_invalid_spec_is_named_field_by_field() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "cli", "submit", "--epochs", "0", "--lr", "fast"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines()[0] == "invalid job spec:"
+    assert "epochs: " in out.stderr and "lr: " in out.stderr
 
 
 def test_the_help_still_names_every_command() -> None:

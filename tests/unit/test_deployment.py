@@ -267,10 +267,18 @@ def last(name: str) -> str:
 
 
 def torch_pin() -> str:
+    """The torch that the API and the worker extras pin (the base install has none)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pins = [d for d in project["dependencies"] if re.fullmatch(r"torch\s*==.*", d)]
-    assert len(pins) == 1, project["dependencies"]
-    return pins[0].split("==", 1)[1].strip()
+    extras = project["optional-dependencies"]
+    assert not [d for d in project["dependencies"] if d.startswith("torch")], project
+    pins = [
+        d.split("==", 1)[1].strip()
+        for extra in ("server", "worker")
+        for d in extras[extra]
+        if re.fullmatch(r"torch\s*==.*", d)
+    ]
+    assert len(pins) == 2 and len(set(pins)) == 1, extras
+    return pins[0]
 
 
 def test_image_is_the_pytorch_runtime_of_the_pinned_torch() -> None:
@@ -309,5 +317,7 @@ def test_copies_every_package_and_installs_the_data_set_source() -> None:
     assert set(packages) <= copied, f"not copied into the image: {set(packages) - copied}"
     runs = " ".join(args for word, args in instructions() if word == "RUN")
     assert re.search(r"pip install [^&]*--no-deps[^&]*\bmlxtend\b", runs), runs
+    # The base install is the light client: the image needs the API's and the worker's extras.
+    assert re.search(r"pip install [^&]*trainq\[[^\]]*\ball\b", runs), runs
     env = " ".join(args for word, args in instructions() if word == "ENV")
     assert "TRAINQ_DATA_DIR=/data" in env
