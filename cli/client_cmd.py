@@ -137,8 +137,15 @@ def download_command(args: argparse.Namespace) -> int:
             return 1
     print(f"{path} sha256 {sha}", file=sys.stderr)
     if shape is not None:
-        import torch
-
+        try:
+            import torch
+        except ImportError:
+            print(
+                "trainq: --check loads the model with torch, which this install lacks: "
+                "pip install 'trainq[worker]' (the file is downloaded and its sha256 checked)",
+                file=sys.stderr,
+            )
+            return 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             model = torch.jit.load(io.BytesIO(path.read_bytes()), map_location="cpu").eval()
