@@ -40,7 +40,7 @@ from core.store import (
 )
 from core.train import EpochMetrics
 from tests.service import RedisServer, wait_until
-from worker.reconciler import Report, _handle_lost, reconcile_once
+from worker.reconciler import Report, handle_lost, reconcile_once
 
 TIMEOUT = dt.timedelta(seconds=30)
 QUEUE = f"trainq-test-{uuid.uuid4().hex[:8]}"  # requeued jobs go here, to no worker
@@ -114,7 +114,7 @@ def test_the_reconciler_leaves_an_attempt_that_beat_since_its_read_alone(
     beat(db, stale)
     report = Report()
     with redis_server.client() as r:
-        _handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), stale, report)
+        handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), stale, report)
     assert report.requeued == [] and report.failed == []
     with db.writer() as s:
         job = get_job(s, job_id=stale.id)
@@ -133,7 +133,7 @@ def test_the_reconciler_still_handles_an_attempt_that_stayed_silent(
     stale = silent_running_job(db, max_restarts)
     report = Report()
     with redis_server.client() as r:
-        _handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), stale, report)
+        handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), stale, report)
     with db.writer() as s:
         job = get_job(s, job_id=stale.id)
         assert job is not None
@@ -312,7 +312,7 @@ def test_a_lost_attempt_asked_to_stop_is_a_preemption(
     [seen] = [j for j in lost_now(db) if j.id == stale.id]
     report = Report()
     with redis_server.client() as r:
-        _handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), seen, report)
+        handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), seen, report)
     assert report.requeued == [stale.id]
     assert status_of(db, stale.id) == (JobStatus.queued, 1, 1)
 
@@ -350,7 +350,7 @@ def test_a_clean_preemption_is_counted_once(
     [seen] = [j for j in lost_now(db) if j.id == job_id]
     report = Report()
     with redis_server.client() as r:
-        _handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), seen, report)
+        handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), seen, report)
     if max_restarts:
         assert report.requeued == [job_id]
         assert status_of(db, job_id) == (JobStatus.queued, 2, 1)
