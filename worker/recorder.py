@@ -31,7 +31,7 @@ class Recorder:
     is back; the database keeps the full history either way."""
 
     def __init__(self, a: Attempt, batch_size: int) -> None:
-        self.a = a
+        self.attempt = a
         self.batch_size = batch_size
         self.stream = Publisher(a.r, a.job_id, a.number, a.settings.metrics_maxlen, row=a.row)
         self.heart = Heartbeat(
@@ -55,7 +55,7 @@ class Recorder:
             on_checkpoint=self.on_checkpoint,
             should_stop=self.should_stop,
             on_progress=self.heart.touch,
-            should_preempt=self.a.stop_asked,
+            should_preempt=self.attempt.stop_asked,
         )
 
     def status(self, step: int, payload: dict[str, Any]) -> None:
@@ -63,7 +63,7 @@ class Recorder:
         self.stream.flush(force=JobStatus(payload["status"]).terminal)  # the end: try anyway
 
     def on_start(self, info: RunInfo) -> None:
-        a = self.a
+        a = self.attempt
         a.write(
             lambda s: set_total_steps(
                 s, job_id=a.job_id, attempt=a.number, total_steps=info.total_steps
@@ -73,7 +73,9 @@ class Recorder:
     def on_steps(self, points: Sequence[StepMetrics]) -> None:
         self.heart.touch()
         if self.heart.superseded:
-            raise JobSuperseded(f"attempt {self.a.number} of job {self.a.job_id} no longer owns it")
+            raise JobSuperseded(
+                f"attempt {self.attempt.number} of job {self.attempt.job_id} no longer owns it"
+            )
         self.unsaved.extend(points)
         self.stream.add(step_entries(points))
         self.last_step = points[-1].step
@@ -84,10 +86,10 @@ class Recorder:
         """What the worker's GPU does now, for the fleet's view (core.worker_stats)."""
         try:
             publish_worker_stats(
-                self.a.r,
-                self.a.worker,
+                self.attempt.r,
+                self.attempt.worker,
                 {
-                    "job_id": self.a.job_id,
+                    "job_id": self.attempt.job_id,
                     "images_per_second": last.images_per_second,
                     "step_seconds": self.batch_size / max(last.images_per_second, 1e-9),
                     "memory_allocated": last.memory_allocated,
@@ -102,7 +104,7 @@ class Recorder:
         self.pending_epoch = m  # stored with its checkpoint, which comes next
 
     def on_checkpoint(self, epoch: int, blob: bytes) -> None:
-        m, a = self.pending_epoch, self.a
+        m, a = self.pending_epoch, self.attempt
         if m is None or m.epoch != epoch:
             raise RuntimeError("checkpoint without its epoch metrics")
         steps = [p for p in self.unsaved if p.step <= m.step]
@@ -118,7 +120,7 @@ class Recorder:
 
     def flush_history(self) -> None:
         """A run that stops mid-epoch keeps the steps it made."""
-        a, steps = self.a, self.unsaved
+        a, steps = self.attempt, self.unsaved
         try:
             a.write(lambda s: save_steps(s, job_id=a.job_id, attempt=a.number, steps=steps))
         except JobSuperseded:

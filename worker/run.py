@@ -147,7 +147,7 @@ class TrainqWorker(Worker):
     def handle_warm_shutdown_request(self) -> None:
         """SIGTERM (docker stop, a spot reclaim, a node drain; SIGKILL follows in about
         10 s): the work horse gets SIGTERM too, so that its job checkpoints at the next step
-        and goes back on the queue (worker.tasks), and RQ's warm shutdown waits for that
+        and goes back on the queue (worker.preemption), and RQ's warm shutdown waits for that
         instead of for the whole job. Only the horse: its DataLoader workers, in its
         process group, are its to stop."""
         super().handle_warm_shutdown_request()
@@ -158,8 +158,8 @@ class TrainqWorker(Worker):
 
 def die_with_parent(parent: int | None) -> None:
     """A work horse gets SIGTERM when its parent dies (kill -9, a crash), so that its job
-    checkpoints and goes back on the queue (worker.tasks) instead of training on beside the
-    launcher's next worker. The inherited handler is RQ's parent's; until the job function
+    checkpoints and goes back on the queue (worker.preemption) instead of training on beside
+    the launcher's next worker. The inherited handler is RQ's parent's; until the job function
     installs its own, SIGTERM kills (the reconciler then requeues the job as lost)."""
     if not sys.platform.startswith("linux"):
         return
