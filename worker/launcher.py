@@ -181,19 +181,27 @@ def run_workers(
         if not alive and (stopping or burst):
             return max(abs(int(s.proc.returncode or 0)) for s in slots if s.proc)
         adopted = orphans is not None and orphans.running(slots)
-        for s in slots:
-            if s.proc and s.proc.poll() is not None and not stopping and not burst:
-                if s.restart_at is None:
-                    delay = restart_delay(s, s.proc.returncode)
-                    s.restart_at = time.monotonic() + delay
-                    print(
-                        f"trainq worker {s.name} exited ({s.proc.returncode}); "
-                        f"restarting in {delay:.0f} s",
-                        file=sys.stderr,
-                    )
-                if time.monotonic() >= s.restart_at and not adopted:
-                    spawn(s, queue, redis_url, burst)
+        if not stopping and not burst:
+            for s in slots:
+                _restart_if_exited(s, queue, redis_url, held_back=adopted)
         if reconcile is not None and time.monotonic() >= next_reconcile and not stopping:
             reconcile()
             next_reconcile = time.monotonic() + reconcile_every_s
         time.sleep(0.5)
+
+
+def _restart_if_exited(slot: Slot, queue: str, redis_url: str, *, held_back: bool) -> None:
+    """A worker that exited starts again after its back-off (restart_delay); `held_back`
+    while a horse of a dead worker still runs, which would share its GPU."""
+    if slot.proc is None or slot.proc.poll() is None:
+        return
+    if slot.restart_at is None:
+        delay = restart_delay(slot, slot.proc.returncode)
+        slot.restart_at = time.monotonic() + delay
+        print(
+            f"trainq worker {slot.name} exited ({slot.proc.returncode}); "
+            f"restarting in {delay:.0f} s",
+            file=sys.stderr,
+        )
+    if time.monotonic() >= slot.restart_at and not held_back:
+        spawn(slot, queue, redis_url, burst=False)

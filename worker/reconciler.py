@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from core.config import Settings
-from core.db import Database, Job, as_utc, db_ago
+from core.db import Database, DbTime, Job, as_utc, db_ago
 from core.local.redis_server import connect
 from core.queue import enqueue_job, entry_is_live, stop_entry
 from core.spec import JobStatus
@@ -56,7 +56,7 @@ def reconcile_once(db: Database, r: Redis, settings: Settings) -> Report:
         lost = list(lost_jobs(s, silent_since=db_ago(settings.heartbeat_timeout_s)))
     for job in lost:
         with _on_its_own(job):
-            _handle_lost(db, r, settings, job, report)
+            handle_lost(db, r, settings, job, report)
     with db.writer() as s:
         waiting = list(stale_queued_jobs(s, enqueued_before=db_ago(settings.queue_grace_s)))
     for job in waiting:
@@ -82,43 +82,28 @@ def _handle_waiting(db: Database, r: Redis, settings: Settings, job: Job, report
     with db.writer() as s:
         if not set_queue_entry(s, job_id=job.id, queue_entry=entry, seen=job.queue_entry):
             return  # another reconciler (or a worker) got there first
-    _enqueue(r, settings, job, entry)
+    enqueue_row(r, settings, job, entry)
     report.reenqueued.append(job.id)
     log.warning("job %s was queued but not on the queue; enqueued again", job.id)
 
 
-def _handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: Report) -> None:
-    # `job` may be a stale read: each update below also requires the attempt to be silent
-    # still, so an attempt that beat since then (alive after all) is left alone.
+def handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: Report) -> None:
+    """A running job whose attempt went silent: requeued to resume from its last checkpoint,
+    or ended (canceled, or failed once its restarts are used up). `job` may be a stale read:
+    each update also requires the attempt to be silent still, so an attempt that beat since
+    then (alive after all) is left alone."""
     silent_since = db_ago(settings.heartbeat_timeout_s)
     # An attempt handed back by a stopping worker (a preemption) is not a restart, and
     # neither is one whose worker was asked to stop and killed before it could hand back.
     preempted = job.stop_requested_attempt == job.attempt
     restarts_used = max(job.attempt - 1 - job.preemptions, 0)
     max_restarts = int(job.spec.get("max_restarts", 2))
-    seen = f"last heartbeat {as_utc(job.heartbeat_at)}"  # the job's message: no host in it
     if job.cancel_requested or (not preempted and restarts_used >= max_restarts):
-        status = JobStatus.canceled if job.cancel_requested else JobStatus.failed
-        code = "canceled" if job.cancel_requested else "worker_lost"
-        message = f"the worker running attempt {job.attempt} was lost ({seen})" + (
-            "" if job.cancel_requested else f"; max_restarts {max_restarts} used up"
-        )
-        with db.writer() as s:
-            moved = end_job(
-                s,
-                job_id=job.id,
-                status=status,
-                code=code,
-                message=message,
-                from_statuses=(JobStatus.running,),
-                attempt=job.attempt,
-                silent_since=silent_since,
-            )
-        if moved:
-            log.warning("job %s lost its worker %s (%s): %s", job.id, job.worker, seen, status)
+        ended = _end_lost(db, job, silent_since, max_restarts)
+        if ended is not None:
             _stop_silent_horse(r, job)
             report.failed.append(job.id)
-            _publish(r, job, {"status": status, "error": {"code": code, "message": message}})
+            _publish(r, job, ended)
         return
     entry = f"{job.id}-a{job.attempt + 1}"
     with db.writer() as s:
@@ -132,16 +117,47 @@ def _handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: R
         ):
             return
     _stop_silent_horse(r, job)
-    _enqueue(r, settings, job, entry)
+    enqueue_row(r, settings, job, entry)
     report.requeued.append(job.id)
     log.warning(
         "job %s lost its worker %s (%s%s); requeued as attempt %d",
         job.id,
         job.worker,
-        seen,
+        _last_seen(job),
         ", asked to stop: a preemption" if preempted else "",
         job.attempt + 1,
     )
+
+
+def _end_lost(
+    db: Database, job: Job, silent_since: DbTime, max_restarts: int
+) -> dict[str, object] | None:
+    """The lost job ended canceled (a cancel was asked) or failed `worker_lost`; the status
+    to publish, or None if the attempt beat since or the job ended otherwise."""
+    status = JobStatus.canceled if job.cancel_requested else JobStatus.failed
+    code = "canceled" if job.cancel_requested else "worker_lost"
+    message = f"the worker running attempt {job.attempt} was lost ({_last_seen(job)})" + (
+        "" if job.cancel_requested else f"; max_restarts {max_restarts} used up"
+    )
+    with db.writer() as s:
+        moved = end_job(
+            s,
+            job_id=job.id,
+            status=status,
+            code=code,
+            message=message,
+            from_statuses=(JobStatus.running,),
+            attempt=job.attempt,
+            silent_since=silent_since,
+        )
+    if not moved:
+        return None
+    log.warning("job %s lost its worker %s (%s): %s", job.id, job.worker, _last_seen(job), status)
+    return {"status": status, "error": {"code": code, "message": message}}
+
+
+def _last_seen(job: Job) -> str:
+    return f"last heartbeat {as_utc(job.heartbeat_at)}"  # the job's message: no host in it
 
 
 def _stop_silent_horse(r: Redis, job: Job) -> None:
@@ -152,7 +168,8 @@ def _stop_silent_horse(r: Redis, job: Job) -> None:
         log.warning("job %s: sent RQ's stop command to its silent work horse", job.id)
 
 
-def _enqueue(r: Redis, settings: Settings, job: Job, entry: str) -> None:
+def enqueue_row(r: Redis, settings: Settings, job: Job, entry: str) -> None:
+    """The job row's spec and owner onto the queue under `entry`, which the row names."""
     enqueue_job(
         r,
         queue=settings.queue,

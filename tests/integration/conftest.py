@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from core.db import Database
+from core.local.migrate import upgrade
 from tests.service import RedisServer, Service, postgres_database
 
 
@@ -25,6 +27,15 @@ def database_url(
         yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'trainq.db'}"
     else:
         yield from postgres_database()
+
+
+@pytest.fixture(scope="module")
+def db(database_url: str) -> Iterator[Database]:
+    """The database at `database_url`, migrated to head."""
+    upgrade(database_url)
+    database = Database(database_url)
+    yield database
+    database.dispose()
 
 
 @pytest.fixture(scope="module")

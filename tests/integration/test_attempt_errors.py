@@ -20,7 +20,8 @@ from core.local.migrate import upgrade
 from core.spec import JobSpec
 from core.store import claim_job, create_job, get_job, latest_checkpoint, save_epoch
 from core.train import EpochMetrics
-from worker.tasks import DatabaseAway, _unexpected, retry_write
+from worker.execution import unexpected_error
+from worker.retry import DatabaseAway, retry_write
 
 BLOB_LIMIT = 1 << 20
 
@@ -53,7 +54,7 @@ def test_a_checkpoint_over_the_blob_limit_is_internal_with_the_databases_reason(
             checkpoint=b"\x01" * (2 * BLOB_LIMIT),
         )
     db.dispose()
-    error = _unexpected(refused.value)
+    error = unexpected_error(refused.value)
     assert error.code == "internal"
     assert "database write" in error.message and "too big" in error.message
     assert "INSERT" not in error.message and "\\x01" not in error.message

@@ -22,8 +22,6 @@ from sqlalchemy import event, text, update
 import core.db
 from core.config import Settings
 from core.db import Database, Job, utcnow
-from core.local.migrate import upgrade
-from core.queue import enqueue_job
 from core.spec import JobSpec, JobStatus
 from core.store import (
     claim_job,
@@ -40,18 +38,10 @@ from core.store import (
 )
 from core.train import EpochMetrics
 from tests.service import RedisServer, wait_until
-from worker.reconciler import Report, _handle_lost, reconcile_once
+from worker.reconciler import Report, handle_lost, reconcile_once
 
 TIMEOUT = dt.timedelta(seconds=30)
 QUEUE = f"trainq-test-{uuid.uuid4().hex[:8]}"  # requeued jobs go here, to no worker
-
-
-@pytest.fixture(scope="module")
-def db(database_url: str) -> Iterator[Database]:
-    upgrade(database_url)
-    database = Database(database_url)
-    yield database
-    database.dispose()
 
 
 def silent_running_job(db: Database, max_restarts: int = 2) -> Job:
@@ -114,7 +104,7 @@ def test_the_reconciler_leaves_an_attempt_that_beat_since_its_read_alone(
     beat(db, stale)
     report = Report()
     with redis_server.client() as r:
-        _handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), stale, report)
+        handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), stale, report)
     assert report.requeued == [] and report.failed == []
     with db.writer() as s:
         job = get_job(s, job_id=stale.id)
@@ -133,7 +123,7 @@ def test_the_reconciler_still_handles_an_attempt_that_stayed_silent(
     stale = silent_running_job(db, max_restarts)
     report = Report()
     with redis_server.client() as r:
-        _handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), stale, report)
+        handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), stale, report)
     with db.writer() as s:
         job = get_job(s, job_id=stale.id)
         assert job is not None
@@ -312,7 +302,7 @@ def test_a_lost_attempt_asked_to_stop_is_a_preemption(
     [seen] = [j for j in lost_now(db) if j.id == stale.id]
     report = Report()
     with redis_server.client() as r:
-        _handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), seen, report)
+        handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), seen, report)
     assert report.requeued == [stale.id]
     assert status_of(db, stale.id) == (JobStatus.queued, 1, 1)
 
@@ -350,7 +340,7 @@ def test_a_clean_preemption_is_counted_once(
     [seen] = [j for j in lost_now(db) if j.id == job_id]
     report = Report()
     with redis_server.client() as r:
-        _handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), seen, report)
+        handle_lost(db, r, Settings(heartbeat_timeout_s=30, queue=QUEUE), seen, report)
     if max_restarts:
         assert report.requeued == [job_id]
         assert status_of(db, job_id) == (JobStatus.queued, 2, 1)
@@ -362,101 +352,3 @@ def test_a_clean_preemption_is_counted_once(
 def lost_now(db: Database) -> list[Job]:
     with db.writer() as s:
         return list(lost_jobs(s, silent_since=utcnow() - TIMEOUT))
-
-
-def queued_a_while(db: Database, queue_entry: str | None) -> str:
-    """A queued job, enqueued two minutes ago under `queue_entry`."""
-    job_id = str(uuid.uuid4())
-    with db.writer() as s:
-        create_job(s, job_id=job_id, spec=JobSpec(), owner="o")
-    with db.writer() as s:
-        s.execute(
-            update(Job)
-            .where(Job.id == job_id)
-            .values(queue_entry=queue_entry, enqueued_at=utcnow() - dt.timedelta(seconds=120))
-        )
-    return job_id
-
-
-def junk_entries(r: Any) -> list[str]:
-    """Entries a Redis writer spoiled that nothing can read as live: a started one naming a
-    worker whose heartbeat is junk, one whose status is a megabyte, one whose key is no
-    hash."""
-    started, huge, string, worker = (f"e-{uuid.uuid4().hex}" for _ in range(4))
-    r.hset(f"rq:job:{started}", mapping={"status": "started", "worker_name": worker})
-    r.hset(f"rq:worker:{worker}", mapping={"last_heartbeat": "junk"})
-    r.hset(f"rq:job:{huge}", mapping={"status": "x" * 2**20})
-    r.set(f"rq:job:{string}", "junk")
-    return [started, huge, string]
-
-
-def test_an_entry_nothing_can_read_as_live_is_enqueued_again(
-    db: Database, redis_server: RedisServer
-) -> None:
-    """And the pass that meets it still reconciles every other job."""
-    with redis_server.client() as r:
-        dead = [queued_a_while(db, entry) for entry in junk_entries(r)]
-        plain = queued_a_while(db, None)
-        report = reconcile_once(db, r, Settings(queue_grace_s=30, queue=QUEUE))
-    assert {*dead, plain} <= set(report.reenqueued)
-
-
-def test_a_waiting_entry_rq_cannot_restore_stops_no_pass(
-    db: Database, redis_server: RedisServer
-) -> None:
-    """A junk date in a waiting entry: the entry is still waiting (the worker that dequeues
-    it drops it, and the next pass enqueues its job again), and the other jobs are
-    reconciled."""
-    job_id = str(uuid.uuid4())
-    with redis_server.client() as r:
-        enqueue_job(r, queue=QUEUE, job_id=job_id, spec={}, owner="o", timeout_s=60)
-        r.hset(f"rq:job:{job_id}", "created_at", "junk")
-        with db.writer() as s:
-            create_job(s, job_id=job_id, spec=JobSpec(), owner="o")
-        with db.writer() as s:
-            s.execute(
-                update(Job)
-                .where(Job.id == job_id)
-                .values(queue_entry=job_id, enqueued_at=utcnow() - dt.timedelta(seconds=120))
-            )
-        plain = queued_a_while(db, None)
-        report = reconcile_once(db, r, Settings(queue_grace_s=30, queue=QUEUE))
-    assert plain in report.reenqueued and job_id not in report.reenqueued
-
-
-def test_a_live_worker_s_entry_is_left_alone(db: Database, redis_server: RedisServer) -> None:
-    """The bounded reads still see a worker that beats (by Redis's clock)."""
-    entry, worker = str(uuid.uuid4()), f"w-{uuid.uuid4().hex}"
-    with redis_server.client() as r:
-        seconds, micros = r.time()
-        beat = dt.datetime.fromtimestamp(seconds + micros / 1e6, dt.UTC)
-        enqueue_job(r, queue=QUEUE, job_id=entry, spec={}, owner="o", timeout_s=60)
-        r.hset(f"rq:job:{entry}", mapping={"status": "started", "worker_name": worker})
-        r.hset(f"rq:worker:{worker}", "last_heartbeat", beat.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
-        job_id = queued_a_while(db, entry)
-        report = reconcile_once(db, r, Settings(queue_grace_s=30, queue=QUEUE))
-    assert job_id not in report.reenqueued
-
-
-def test_the_launchers_reconciler_survives_a_pass_that_meets_junk(
-    db: Database, database_url: str, redis_server: RedisServer
-) -> None:
-    """The pass `trainq worker` and `trainq serve` run: junk in an entry ends neither it nor
-    the launcher, and the other stale jobs are enqueued again."""
-    from worker.reconciler import Reconciler
-
-    job_id = str(uuid.uuid4())
-    with redis_server.client() as r:
-        enqueue_job(r, queue=QUEUE, job_id=job_id, spec={}, owner="o", timeout_s=60)
-        r.hset(f"rq:job:{job_id}", mapping={"status": "started", "worker_name": "w"})
-        r.hset("rq:worker:w", mapping={"last_heartbeat": "junk"})
-    poisoned = queued_a_while(db, job_id)
-    plain = queued_a_while(db, None)
-    settings = Settings(database_url=database_url, queue=QUEUE, queue_grace_s=30)
-    reconcile = Reconciler(settings, redis_server.url)
-    reconcile()
-    assert reconcile.db is not None
-    reconcile.db.dispose()
-    with db.writer() as s:
-        entries = [get_job(s, job_id=j).queue_entry for j in (poisoned, plain)]  # type: ignore[union-attr]
-    assert all(entries) and job_id not in entries

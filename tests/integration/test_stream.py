@@ -36,7 +36,7 @@ from core.stream import (
 from core.train import EpochMetrics, StepMetrics
 from tests.service import RedisServer
 from tests.wire import WireProxy
-from worker.tasks import job_row
+from worker.attempt import job_row
 
 RUNNING = {"status": "running"}
 

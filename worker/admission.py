@@ -1,0 +1,117 @@
+"""Admission: whether a queue entry this worker took may run, and the spec it trains."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from core.db import Database
+from core.errors import InvalidSpec, field_problems
+from core.queue import VIA_API
+from core.spec import JobSpec, JobStatus, user_dataset_id
+from core.store import create_job, end_job, get_dataset, get_job
+from worker.attempt import Attempt
+from worker.execution import fail
+
+log = logging.getLogger("trainq.worker")
+COMMIT_POLL_S = 0.05
+
+
+def admit(a: Attempt) -> JobSpec | dict[str, Any]:
+    """The spec to train, or the outcome of an entry refused: one naming no trainq job, one
+    whose submission the API rolled back, or one whose spec or data set is refused (its
+    job then ends failed)."""
+    try:
+        uuid.UUID(a.job_id)
+    except ValueError:
+        log.error("refusing job %r: trainq job ids are UUIDs", a.job_id)
+        return {"status": JobStatus.failed, "error": "invalid job id"}
+    if a.via == VIA_API and not _await_commit(a.db, a.job_id, a.settings.commit_wait_s):
+        log.warning(
+            "refusing queue entry %s: the API never committed job %s (its submission failed "
+            "and the client was told so); nothing runs",
+            a.queue_entry,
+            a.job_id,
+        )
+        return {"status": "refused", "error": "the submission of this job failed"}
+    spec, refused = _spec_of(a)
+    if spec is None or refused is not None:
+        return fail(a, 0, refused or InvalidSpec("spec", "invalid"))
+    return spec
+
+
+def _spec_of(a: Attempt) -> tuple[JobSpec | None, InvalidSpec | None]:
+    """The spec to train, or why none. A job that has a row trains the row's spec for the
+    row's owner: the database is the truth, a queue entry only its carrier. A job submitted
+    straight to the queue gets its row here, from the entry, and may use an uploaded data
+    set only if it is the entry's owner's (no owner: an admin's, any set)."""
+    with a.db.writer() as s:
+        row = get_job(s, job_id=a.job_id)
+        if row is not None:
+            if row.spec != a.raw_spec or row.owner != a.owner:
+                log.warning(
+                    "queue entry %s carries a spec or owner other than job %s's row; the row's run",
+                    a.queue_entry,
+                    a.job_id,
+                )
+            spec, problem = _validate(row.spec)
+            return spec, None if spec else InvalidSpec("spec", problem or "invalid")
+        spec, problem = _validate(a.raw_spec)
+        refused = InvalidSpec("spec", problem or "invalid") if spec is None else None
+        if spec is not None and not _may_use(s, spec.dataset, a.owner):
+            refused = InvalidSpec(
+                "dataset",
+                f"no data set {spec.dataset!r}: upload one with POST /datasets, or list yours "
+                "with GET /datasets",
+            )
+        create_job(
+            s,
+            job_id=a.job_id,
+            spec=spec or {"as_sent": a.raw_spec},
+            owner=a.owner,
+            queue_entry=a.queue_entry,
+        )
+        if refused is not None:  # ended with its row: no requeue ever runs it
+            end_job(
+                s,
+                job_id=a.job_id,
+                status=JobStatus.failed,
+                code=refused.code,
+                message=refused.message,
+            )
+    return spec, refused
+
+
+def _may_use(s: Session, dataset: str, owner: str | None) -> bool:
+    """Whether `owner` may train on `dataset`; another owner's set is refused exactly like a
+    missing one, as the API does."""
+    ds_id = user_dataset_id(dataset)
+    if ds_id is None or owner is None:
+        return True
+    ds = get_dataset(s, dataset_id=ds_id)
+    return ds is not None and ds.owner == owner
+
+
+def _validate(raw: Any) -> tuple[JobSpec | None, str | None]:
+    try:
+        return JobSpec.model_validate(raw), None
+    except ValidationError as e:
+        return None, "; ".join(field_problems(e))
+
+
+def _await_commit(db: Database, job_id: str, bound_s: float) -> bool:
+    """Whether the row of a job the API enqueued shows up within `bound_s`: the API commits
+    it a moment after the enqueue, or rolls it back (then it never comes)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        with db.reader() as s:
+            if get_job(s, job_id=job_id) is not None:
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(COMMIT_POLL_S)

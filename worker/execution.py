@@ -1,0 +1,171 @@
+"""A claimed attempt, trained to its end: succeeded, failed, canceled, handed back
+(preempted), superseded, or given up to the reconciler while the database stays away."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from redis.exceptions import RedisError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from core.errors import (
+    InternalError,
+    JobSuperseded,
+    OutOfMemory,
+    TrainingPreempted,
+    TrainingStopped,
+    TrainqError,
+)
+from core.spec import JobSpec, JobStatus
+from core.store import end_job, get_job, preempt_job, succeed_job
+from core.stream import publish_status
+from core.train import TrainResult
+from core.train import train as run_training
+from core.train.loop import is_out_of_memory
+from worker.attempt import Attempt, Claim
+from worker.dataset_files import place_dataset
+from worker.reconciler import enqueue_row
+from worker.recorder import Recorder
+from worker.retry import DatabaseAway
+
+log = logging.getLogger("trainq.worker")
+
+
+def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
+    """Train the claimed attempt from its last checkpoint, and store how it ended. Every
+    outcome ends in the job row; nothing is retried by RQ."""
+    rec = Recorder(a, spec.batch_size)
+    rec.status(
+        claim.start_step,
+        {
+            "status": JobStatus.running,
+            "attempt": a.number,
+            "device": claim.device,  # not the worker's name: events are for every key (api.events)
+            "resumed_from_step": claim.start_step,
+        },
+    )
+    try:
+        rec.heart.start()
+        place_dataset(a.db, a.settings.data_dir, spec.dataset)
+        rec.heart.touch()
+        result = run_training(
+            spec,
+            data_dir=a.settings.data_dir,
+            callbacks=rec.callbacks(),
+            resume=claim.checkpoint,
+            history=claim.history,
+        )
+        return _succeed(a, rec, result)
+    except JobSuperseded as e:
+        log.warning("job %s: %s; stopping this attempt", a.job_id, e.message)
+        return {"status": "superseded"}
+    except DatabaseAway as e:
+        log.error(
+            "job %s: attempt %d could not write to the database (%s); it stays running with "
+            "its heartbeat stopped, and the reconciler requeues it from its last checkpoint",
+            a.job_id,
+            a.number,
+            e,
+        )
+        return {"status": "lost"}
+    except TrainingPreempted as e:
+        return _hand_back(a, claim, rec, e)
+    except TrainqError as e:
+        rec.flush_history()
+        return fail(a, rec.last_step or claim.start_step, e)
+    except Exception as e:  # not trainq's own: a retry would meet it again
+        log.exception("job %s: attempt %d met an unexpected error", a.job_id, a.number)
+        with contextlib.suppress(Exception):  # the error may be the database's own
+            rec.flush_history()
+        return fail(a, rec.last_step or claim.start_step, unexpected_error(e))
+    finally:
+        rec.heart.stop()
+
+
+def _succeed(a: Attempt, rec: Recorder, result: TrainResult) -> dict[str, Any]:
+    summary = result.summary()
+    ok = a.write(
+        lambda s: succeed_job(
+            s,
+            job_id=a.job_id,
+            attempt=a.number,
+            result=summary,
+            record=result.record,
+            model=result.model,
+            sha256=result.model_sha256,
+        )
+    )
+    status = JobStatus.succeeded if ok else _status_of(a)
+    rec.status(result.steps, {"status": status, "result": summary})
+    return {"status": status, **summary}
+
+
+def _status_of(a: Attempt) -> JobStatus:
+    with a.db.writer() as s:
+        job = get_job(s, job_id=a.job_id)
+        return JobStatus(job.status) if job else JobStatus.failed
+
+
+def unexpected_error(e: Exception) -> TrainqError:
+    """What the user is told of an error that is not trainq's own; the log has the rest."""
+    if is_out_of_memory(e):  # the trainer names its own; this is outside the run
+        return OutOfMemory(
+            "the worker ran out of memory outside the training run (placing the data set or "
+            "storing the model); try a smaller data set or narrower conv/hidden widths"
+        )
+    if isinstance(e, SQLAlchemyError):
+        # A DBAPIError's text carries the statement and its parameters (a checkpoint's
+        # bytes): say only what the database said.
+        cause = e.orig if isinstance(e, DBAPIError) else e
+        what = f"a database write of this attempt failed ({type(cause).__name__}: {cause})"
+    else:
+        what = f"the worker met an unexpected error ({type(e).__name__}: {e})"
+    return InternalError(
+        f"{what[:500]}; the job is not retried, and the worker's log has the traceback"
+    )
+
+
+def _hand_back(a: Attempt, claim: Claim, rec: Recorder, e: TrainingPreempted) -> dict[str, Any]:
+    """Preempted: the job goes back to queued with its mid-epoch checkpoint and its steps
+    (one transaction), and onto the queue at once, to resume at the next step elsewhere.
+    Should the enqueue fail, the reconciler enqueues the queued job after its grace."""
+    entry = f"{a.job_id}-p{a.number}"  # one preemption per attempt: a fresh entry id
+    with a.db.writer() as s:
+        moved = preempt_job(
+            s, job_id=a.job_id, attempt=a.number, queue_entry=entry,
+            epoch=e.epoch, step=e.step, steps=rec.unsaved, checkpoint=e.checkpoint,
+        )  # fmt: skip
+    if not moved:
+        log.warning("job %s: attempt %d no longer owns it; not requeueing", a.job_id, a.number)
+        return {"status": "superseded"}
+    rec.unsaved = []
+    rec.flush_history()  # nothing left to store; the steps Redis missed go out
+    try:
+        enqueue_row(a.r, a.settings, claim.job, entry)
+    except RedisError as re:
+        log.warning("job %s: preempted, but not enqueued (%s); the reconciler will", a.job_id, re)
+    log.info("job %s preempted at step %d; back on the queue as %s", a.job_id, e.step, entry)
+    return {"status": JobStatus.queued, "preempted_at_step": e.step}
+
+
+def fail(a: Attempt, step: int, e: TrainqError) -> dict[str, Any]:
+    """The job ends failed (canceled, if the user stopped it), fenced by the attempt's number
+    once it has one; only that end of it is published."""
+    status = JobStatus.canceled if isinstance(e, TrainingStopped) else JobStatus.failed
+    fence = a.number or None  # None: no attempt claimed the job
+    with a.db.writer() as s:
+        end_job(s, job_id=a.job_id, status=status, code=e.code, message=e.message, attempt=fence)
+    row = a.row()
+    final = row[1] if row else JobStatus.failed
+    error = {"code": e.code, "message": e.message}
+    try:
+        # Only this attempt's own end (or that of a job no attempt ran): the write vouches
+        # for itself, so a superseded attempt must not make it where the fence is missing.
+        if final.terminal and row and row[0] == a.number:
+            publish_status(a.r, a.job_id, step, {"status": final, "error": error}, attempt=a.number)
+    except RedisError as re:
+        log.warning("job %s: could not publish its end: %s", a.job_id, re)
+    log.info("job %s ended %s: %s", a.job_id, final, e.message)
+    return {"status": final, "error": error}

@@ -1,0 +1,42 @@
+"""The work horse's SIGTERM: a stopping worker hands its running job back."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType, TracebackType
+from typing import Any
+
+
+class Preemption:
+    """The work horse's SIGTERM, which worker.run sends it on a warm shutdown (docker stop, a
+    spot reclaim, a node drain): the running attempt stops at its next step and hands the
+    job back. Outside the step loop (placing the data set, evaluation, export) there may be
+    no next step before the launcher's SIGKILL; the heartbeat thread records the request in
+    the job row, so that the reconciler counts that loss as a preemption. RQ sets SIGTERM to
+    its default (death) in a fresh work horse; this handler holds for the job function's
+    run, and the one it replaced comes back after."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> Preemption:
+        if threading.current_thread() is threading.main_thread():  # signals need the main one
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        return self
+
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        _value: BaseException | None,
+        _tb: TracebackType | None,
+    ) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def _on_sigterm(self, _signum: int, _frame: FrameType | None) -> None:
+        self.requested = True
+
+    def asked(self) -> bool:
+        return self.requested

@@ -1,0 +1,138 @@
+"""The trainer's callbacks for one attempt: its progress recorded in Redis and the database."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from core.errors import JobSuperseded
+from core.spec import JobStatus
+from core.store import save_epoch, save_steps, set_total_steps
+from core.stream import Publisher, epoch_entry, status_entry, step_entries
+from core.train import Callbacks, EpochMetrics, StepMetrics
+from core.train.loop import RunInfo
+from core.worker_stats import publish_worker_stats
+from worker.attempt import Attempt
+from worker.heartbeat import Heartbeat
+
+CANCEL_POLL_S = 0.25
+
+
+class Recorder:
+    """Trainer callbacks -> Redis (every block of steps, one round trip) and the DB (once per
+    epoch: that epoch's steps, its metrics and its checkpoint in one transaction); every
+    callback tells the heartbeat (worker.heartbeat) that the trainer is moving, and
+    `should_stop` answers with a cancel from either.
+
+    Redis is best effort here: while it is away, points wait in memory and go out when it
+    is back; the database keeps the full history either way."""
+
+    def __init__(self, a: Attempt, batch_size: int) -> None:
+        self.attempt = a
+        self.batch_size = batch_size
+        self.stream = Publisher(a.r, a.job_id, a.number, a.settings.metrics_maxlen, row=a.row)
+        self.heart = Heartbeat(
+            a.db,
+            job_id=a.job_id,
+            attempt=a.number,
+            every_s=min(5.0, a.settings.heartbeat_timeout_s / 3),
+            stall_timeout_s=a.settings.stall_timeout_s,
+            stop_asked=a.stop_asked,  # into the job row at once, between steps or not
+        )
+        self.unsaved: list[StepMetrics] = []  # the steps since the last stored epoch
+        self.last_step = 0
+        self.pending_epoch: EpochMetrics | None = None
+        self.next_cancel_check = 0.0
+
+    def callbacks(self) -> Callbacks:
+        return Callbacks(
+            on_start=self.on_start,
+            on_steps=self.on_steps,
+            on_epoch=self.on_epoch,
+            on_checkpoint=self.on_checkpoint,
+            should_stop=self.should_stop,
+            on_progress=self.heart.touch,
+            should_preempt=self.attempt.stop_asked,
+        )
+
+    def status(self, step: int, payload: dict[str, Any]) -> None:
+        self.stream.add([status_entry(step, payload)])
+        self.stream.flush(force=JobStatus(payload["status"]).terminal)  # the end: try anyway
+
+    def on_start(self, info: RunInfo) -> None:
+        a = self.attempt
+        a.write(
+            lambda s: set_total_steps(
+                s, job_id=a.job_id, attempt=a.number, total_steps=info.total_steps
+            )
+        )
+
+    def on_steps(self, points: Sequence[StepMetrics]) -> None:
+        self.heart.touch()
+        if self.heart.superseded:
+            raise JobSuperseded(
+                f"attempt {self.attempt.number} of job {self.attempt.job_id} no longer owns it"
+            )
+        self.unsaved.extend(points)
+        self.stream.add(step_entries(points))
+        self.last_step = points[-1].step
+        if self.stream.flush():
+            self._publish_stats(points[-1])
+
+    def _publish_stats(self, last: StepMetrics) -> None:
+        """What the worker's GPU does now, for the fleet's view (core.worker_stats)."""
+        try:
+            publish_worker_stats(
+                self.attempt.r,
+                self.attempt.worker,
+                {
+                    "job_id": self.attempt.job_id,
+                    "images_per_second": last.images_per_second,
+                    "step_seconds": self.batch_size / max(last.images_per_second, 1e-9),
+                    "memory_allocated": last.memory_allocated,
+                    "memory_reserved": last.memory_reserved,
+                    "memory_peak": last.memory_peak,
+                },
+            )
+        except RedisError as e:
+            self.stream.failed(e)
+
+    def on_epoch(self, m: EpochMetrics) -> None:
+        self.pending_epoch = m  # stored with its checkpoint, which comes next
+
+    def on_checkpoint(self, epoch: int, blob: bytes) -> None:
+        m, a = self.pending_epoch, self.attempt
+        if m is None or m.epoch != epoch:
+            raise RuntimeError("checkpoint without its epoch metrics")
+        steps = [p for p in self.unsaved if p.step <= m.step]
+        a.write(
+            lambda s: save_epoch(
+                s, job_id=a.job_id, attempt=a.number, epoch=m, steps=steps, checkpoint=blob
+            )
+        )
+        self.unsaved = [p for p in self.unsaved if p.step > m.step]
+        self.heart.touch()
+        self.stream.add([epoch_entry(m)])  # after the epoch's steps, however long they wait
+        self.stream.flush()
+
+    def flush_history(self) -> None:
+        """A run that stops mid-epoch keeps the steps it made."""
+        a, steps = self.attempt, self.unsaved
+        try:
+            a.write(lambda s: save_steps(s, job_id=a.job_id, attempt=a.number, steps=steps))
+        except JobSuperseded:
+            return
+        self.unsaved = []
+        self.stream.flush(force=True)  # before the end; if Redis is away, the database has them
+
+    def should_stop(self) -> bool:
+        if self.heart.cancel_requested:
+            return True
+        now = time.monotonic()
+        if now < self.next_cancel_check:
+            return False
+        self.next_cancel_check = now + CANCEL_POLL_S
+        return self.stream.cancel_requested()
