@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 from core.db import Database, UserDataset
 from core.errors import DatasetNotFound
+from core.files import write_atomic
 from core.spec import user_dataset_id
 from core.store import dataset_data
 from core.train.data import user_dataset_path
@@ -33,9 +33,7 @@ def place_dataset(db: Database, data_dir: Path, name: str) -> None:
     if hashlib.sha256(blob).hexdigest() != sha256:
         raise DatasetNotFound(f"data set {name!r}: the stored copy failed its sha256 check")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # workers sharing a data folder may race
-    tmp.write_bytes(blob)
-    os.replace(tmp, path)  # atomic: the trainer never sees half a file
+    write_atomic(path, blob)  # workers sharing a data folder may race; none sees half a file
 
 
 def _sha256(path: Path) -> str:
