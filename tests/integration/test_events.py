@@ -131,6 +131,7 @@ def assert_keys_expire(r: Redis, job_id: str) -> None:
         assert 0 < r.ttl(key) <= ENDED_TTL_S, key
 
 
+@pytest.mark.slow  # trains past an epoch, then waits out a lost worker
 def test_a_job_ended_by_the_reconciler_closes_its_followers(
     svc: Service, pool: ThreadPoolExecutor, worker: subprocess.Popen[bytes]
 ) -> None:
@@ -159,6 +160,7 @@ def test_a_job_ended_by_the_reconciler_closes_its_followers(
     assert [e["epoch"] for e in kinds(again, "epoch")] == [1]
 
 
+@pytest.mark.slow  # trains past an epoch, then waits out a lost worker
 def test_cancel_of_a_requeued_job_answers_202_and_closes_its_followers(
     svc: Service, pool: ThreadPoolExecutor, worker: subprocess.Popen[bytes]
 ) -> None:
@@ -185,6 +187,7 @@ def test_cancel_of_a_requeued_job_answers_202_and_closes_its_followers(
     wait_status(c, busy, "canceled")
 
 
+@pytest.mark.slow  # three epochs, followed
 @pytest.mark.usefixtures("worker")
 def test_followers_across_a_stream_that_lost_entries_see_every_step_once(
     svc: Service, pool: ThreadPoolExecutor
@@ -227,6 +230,7 @@ def proxied(svc: Service) -> Iterator[tuple[Service, WireProxy]]:
     proxy.close()
 
 
+@pytest.mark.slow  # three epochs, followed
 def test_epoch_events_survive_a_lost_reply_and_an_outage_at_an_epochs_end(
     svc: Service, proxied: tuple[Service, WireProxy], pool: ThreadPoolExecutor
 ) -> None:
