@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-import warnings
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,9 +41,17 @@ class Recorder:
 def default_run(data_dir: Path) -> tuple[TrainResult, Recorder]:
     """The default spec, 5 epochs on mnist-sample, trained once for several tests."""
     rec = Recorder()
-    with warnings.catch_warnings():
-        result = train(JobSpec(epochs=5), data_dir=data_dir, callbacks=rec.callbacks())
+    result = train(JobSpec(epochs=5), data_dir=data_dir, callbacks=rec.callbacks())
     return result, rec
+
+
+@pytest.fixture
+def worker(svc: Service) -> subprocess.Popen[bytes]:
+    """A `trainq worker` (its launcher's process) of the module's own service, `svc`,
+    started and registered; for cases that break services and start any others themselves."""
+    proc = svc.start_worker()
+    svc.wait_for_workers(1)
+    return proc
 
 
 def _services(item: pytest.Item) -> list[Service]:

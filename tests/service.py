@@ -4,6 +4,7 @@ databases, the API under uvicorn and RQ worker processes, each a real process.""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import resource
 import signal
@@ -16,6 +17,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -113,6 +115,20 @@ def status_of(c: Client, job_id: str) -> str | None:
         raise
 
 
+def trained(c: Client, spec: dict[str, Any]) -> dict[str, Any]:
+    """A job of `spec`, submitted and waited for; it must have succeeded."""
+    job = c.submit(spec)
+    status = wait_until(
+        lambda: (s := c.job(job["id"])["status"]) in ("succeeded", "failed", "canceled") and s,
+        180,
+        "the job to train",
+        interval=0.2,
+    )
+    done = c.job(job["id"])
+    assert status == "succeeded", done
+    return done
+
+
 def postgres_database() -> Iterator[str]:
     """A fresh PostgreSQL database for one test module, dropped afterwards."""
     admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
@@ -145,6 +161,7 @@ class Service:
     port: int = field(default_factory=free_port)
     keys: tuple[str, str] = ("key-alice", "key-bob")
     admin_key: str = "key-admin"
+    tenant_keys: tuple[str, ...] = ()  # accepted too: see as_tenant
     api: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     log_dir: Path | None = None
@@ -163,7 +180,7 @@ class Service:
             TRAINQ_REDIS_URL=self.redis.url,
             TRAINQ_QUEUE=self.queue,
             TRAINQ_PORT=str(self.port),
-            TRAINQ_API_KEYS=",".join(self.keys),
+            TRAINQ_API_KEYS=",".join((*self.keys, *self.tenant_keys)),
             TRAINQ_ADMIN_KEYS=self.admin_key,
             PYTHONUNBUFFERED="1",
         )
@@ -238,6 +255,23 @@ class Service:
         c = Client(self.url, key or self.keys[0])
         self.clients.append(c)
         return c
+
+    def as_tenant(self, keys: tuple[str, str]) -> Service:
+        """This running service seen through another pair of the keys it accepts: the same
+        processes, clients of its own. The service is stopped by its owner, never a tenant."""
+        if not set(keys) <= set(self.tenant_keys):
+            raise ValueError(f"{keys} are not among the keys this service was started with")
+        return dataclasses.replace(self, keys=keys, clients=[])
+
+    def cancel_unfinished(self) -> None:
+        """Cancel what this service's keys left queued or running, so that whoever shares
+        its worker next does not wait behind it."""
+        for key in self.keys:
+            c = self.client(key)
+            for job in [*c.jobs(status="queued"), *c.jobs(status="running")]:
+                with contextlib.suppress(ApiError):  # it ended on its own meanwhile: 409
+                    c.cancel(job["id"])
+        self.close_clients()
 
     def close_clients(self) -> None:
         for c in self.clients:

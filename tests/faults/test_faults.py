@@ -27,22 +27,16 @@ from client.http import ApiError, Client
 from core.db import Database
 from core.spec import JobSpec
 from core.store import create_job, get_job
+from tests.recovery import FAST_RECOVERY, SPEC, STEPS
 from tests.service import Service, children, fresh_service, kill_group, wait_until
 
-FAST_RECOVERY = {
-    "TRAINQ_HEARTBEAT_TIMEOUT_S": "4",
-    "TRAINQ_RECONCILE_INTERVAL_S": "1",
-    "TRAINQ_QUEUE_GRACE_S": "2",
-    "TRAINQ_DB_BUSY_TIMEOUT_S": "1",
-}
-SPEC = {"epochs": 3, "batch_size": 128, "seed": 5}  # 32 steps an epoch, ~4 s an epoch here
-STEPS = 3 * 32
+RECOVERY = FAST_RECOVERY | {"TRAINQ_DB_BUSY_TIMEOUT_S": "1"}  # cases here lock SQLite
 
 
 @pytest.fixture
 def svc(tmp_path: Path, data_dir: Path) -> Iterator[Service]:
     """A fresh service per case (these tests break things); workers are started by each case."""
-    with fresh_service(tmp_path, data_dir, FAST_RECOVERY) as service:
+    with fresh_service(tmp_path, data_dir, RECOVERY) as service:
         yield service
 
 
@@ -84,15 +78,20 @@ def assert_intact(c: Client, job: dict, tmp_path: Path, steps: int) -> None:
     assert len(sha) == 64
 
 
-def test_kill_9_worker_mid_epoch_resumes_on_another_worker(svc: Service, tmp_path: Path) -> None:
+@pytest.fixture
+def ref(svc: Service, worker: subprocess.Popen[bytes]) -> dict:
+    """SPEC trained undisturbed on the case's first worker: what a resumed job must match."""
     c = svc.client()
-    first = svc.start_worker()
-    svc.wait_for_workers(1)
-    reference = c.submit(SPEC | {"max_restarts": 0})
-    ref = wait_status(c, reference["id"], "succeeded")
+    return wait_status(c, c.submit(SPEC | {"max_restarts": 0})["id"], "succeeded")
+
+
+def test_kill_9_worker_mid_epoch_resumes_on_another_worker(
+    svc: Service, tmp_path: Path, worker: subprocess.Popen[bytes], ref: dict
+) -> None:
+    c = svc.client()
     job = c.submit(SPEC)
     wait_step(c, job["id"], 32 + 10)  # mid epoch 2, after epoch 1's checkpoint
-    kill_group(first)  # launcher, RQ worker and work horse
+    kill_group(worker)  # launcher, RQ worker and work horse
     svc.start_worker()
     done = wait_status(c, job["id"], "succeeded")
     assert done["attempt"] == 2
@@ -101,13 +100,13 @@ def test_kill_9_worker_mid_epoch_resumes_on_another_worker(svc: Service, tmp_pat
     assert abs(done["result"]["test_accuracy"] - ref["result"]["test_accuracy"]) <= 0.005
 
 
-def test_kill_9_only_the_work_horse(svc: Service, tmp_path: Path) -> None:
+def test_kill_9_only_the_work_horse(
+    svc: Service, tmp_path: Path, worker: subprocess.Popen[bytes]
+) -> None:
     c = svc.client()
-    launcher = svc.start_worker()
-    svc.wait_for_workers(1)
     job = c.submit(SPEC)
     wait_step(c, job["id"], 40)
-    [rq_worker] = children(launcher.pid)
+    [rq_worker] = children(worker.pid)
     [horse] = children(rq_worker)
     os.kill(horse, signal.SIGKILL)
     done = wait_status(c, job["id"], "succeeded")
@@ -134,13 +133,9 @@ def follow(svc: Service, job_id: str) -> tuple[list[dict], list[Exception], thre
 
 
 def test_sigterm_preempts_mid_epoch_and_the_job_resumes_at_once_elsewhere(
-    svc: Service, tmp_path: Path
+    svc: Service, tmp_path: Path, worker: subprocess.Popen[bytes], ref: dict
 ) -> None:
     c = svc.client()
-    first = svc.start_worker()
-    svc.wait_for_workers(1)
-    reference = c.submit(SPEC | {"max_restarts": 0})
-    ref = wait_status(c, reference["id"], "succeeded")
     job = c.submit(SPEC | {"max_restarts": 0})  # a counted restart would fail it
     events, errors, follower = follow(svc, job["id"])
     wait_step(c, job["id"], 32 + 10)  # mid epoch 2
@@ -148,8 +143,8 @@ def test_sigterm_preempts_mid_epoch_and_the_job_resumes_at_once_elsewhere(
     svc.wait_for_workers(2)
     admin = svc.client(svc.admin_key)  # worker names are for admin keys
     stopped = admin.job(job["id"])
-    first.send_signal(signal.SIGTERM)  # to the launcher, as docker stop does
-    first.wait(timeout=10)  # within the grace period before SIGKILL
+    worker.send_signal(signal.SIGTERM)  # to the launcher, as docker stop does
+    worker.wait(timeout=10)  # within the grace period before SIGKILL
     wait_until(
         lambda: (j := admin.job(job["id"]))["attempt"] == 2 and j["worker"] != stopped["worker"],
         10,
@@ -177,10 +172,10 @@ def test_sigterm_preempts_mid_epoch_and_the_job_resumes_at_once_elsewhere(
     assert done["result"]["test_loss"] == ref["result"]["test_loss"]
 
 
-def test_a_lost_job_fails_worker_lost_after_max_restarts(svc: Service) -> None:
+def test_a_lost_job_fails_worker_lost_after_max_restarts(
+    svc: Service, worker: subprocess.Popen[bytes]
+) -> None:
     c = svc.client()
-    worker = svc.start_worker()
-    svc.wait_for_workers(1)
     job = c.submit(SPEC | {"max_restarts": 0, "epochs": 20})
     wait_step(c, job["id"], 5)
     kill_group(worker)
@@ -190,10 +185,9 @@ def test_a_lost_job_fails_worker_lost_after_max_restarts(svc: Service) -> None:
     assert "max_restarts" in done["error"]["message"]
 
 
+@pytest.mark.usefixtures("worker")
 def test_kill_9_api_mid_job_sse_resumes(svc: Service, tmp_path: Path) -> None:
     c = svc.client()
-    svc.start_worker()
-    svc.wait_for_workers(1)
     job = c.submit(SPEC)
     events = []
     for event in c.events(job["id"]):
@@ -209,10 +203,9 @@ def test_kill_9_api_mid_job_sse_resumes(svc: Service, tmp_path: Path) -> None:
     assert_intact(c, c.job(job["id"]), tmp_path, STEPS)
 
 
+@pytest.mark.usefixtures("worker")
 def test_redis_kill_9_and_restart_with_aof(svc: Service, tmp_path: Path) -> None:
     c = svc.client()
-    svc.start_worker()
-    svc.wait_for_workers(1)
     job = c.submit(SPEC)
     wait_step(c, job["id"], 20)
     svc.redis.kill()
@@ -366,13 +359,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_cancel_of_a_stuck_job_falls_back_to_rqs_stop_command(svc: Service) -> None:
+def test_cancel_of_a_stuck_job_falls_back_to_rqs_stop_command(
+    svc: Service, worker: subprocess.Popen[bytes]
+) -> None:
     c = svc.client()
-    launcher = svc.start_worker()
-    svc.wait_for_workers(1)
     job = c.submit(SPEC | {"epochs": 20})
     wait_step(c, job["id"], 10)
-    [rq_worker] = children(launcher.pid)
+    [rq_worker] = children(worker.pid)
     [horse] = children(rq_worker)
     os.kill(horse, signal.SIGSTOP)  # stuck: it can no longer see the cooperative cancel
     c.cancel(job["id"])

@@ -25,7 +25,7 @@ from PIL import Image
 from core.datasets import MAX_UPLOAD_BYTES
 from core.train.data import IDX_FILES, load_dataset
 from tests.memory import peak_growth_mib
-from tests.service import REPO, RedisServer, Service, wait_until
+from tests.service import REPO, Service, trained
 
 N_TRAIN, N_TEST = 600, 200
 TIMEOUT = 120  # the first prediction imports torch into the API process
@@ -49,35 +49,6 @@ def npz(**arrays: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)  # type: ignore[arg-type]
     return buf.getvalue()
-
-
-def trained(service: Service, spec: dict[str, Any]) -> dict[str, Any]:
-    c = service.client()
-    job = c.submit(spec)
-    status = wait_until(
-        lambda: (s := c.job(job["id"])["status"]) in ("succeeded", "failed", "canceled") and s,
-        180,
-        "the job to train",
-        interval=0.2,
-    )
-    done = c.job(job["id"])
-    assert status == "succeeded", done
-    return done
-
-
-@pytest.fixture(scope="module")
-def service(
-    service_data_dir: Path, database_url: str, redis_server: RedisServer
-) -> Iterator[Service]:
-    """One upload parsed at a time, so that test_uploads_past_the_limit_are_429 can fill it."""
-    svc = Service(
-        data_dir=service_data_dir,
-        database_url=database_url,
-        redis=redis_server,
-        extra_env={"TRAINQ_MAX_PARALLEL_UPLOADS": "1"},
-    )
-    yield svc.up(workers=1)
-    svc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +78,7 @@ def dataset(service: Service, rgb_digits: dict[str, np.ndarray]) -> dict[str, An
 
 @pytest.fixture(scope="module")
 def job(service: Service, dataset: dict[str, Any]) -> dict[str, Any]:
-    return trained(service, {"dataset": dataset["dataset"], "epochs": 2, "batch_size": 64})
+    return trained(service.client(), {"dataset": dataset["dataset"], "epochs": 2, "batch_size": 64})
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +217,7 @@ def test_a_3x64x64_model_takes_256_json_images_and_downloads_with_check(
     r = upload(service, npz(**rgb64_digits))
     assert r.status_code == 201, r.text
     assert r.json()["image_shape"] == [3, 64, 64]
-    job = trained(service, {"dataset": r.json()["dataset"], "epochs": 1, "batch_size": 64})
+    job = trained(service.client(), {"dataset": r.json()["dataset"], "epochs": 1, "batch_size": 64})
 
     held_out = torch.from_numpy(rgb64_digits["x_test"])
     images = torch.cat([held_out, torch.from_numpy(rgb64_digits["x_train"][:56])]).float() / 255

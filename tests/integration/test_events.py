@@ -1,12 +1,11 @@
 """Every follower's event stream closes when its job ends, whoever ended it, and never
-skips a step it could still get: real API, workers, reconciler and redis-server.
-
-Timings are shortened as in the fault suite: a job is lost after 4 s without a heartbeat,
-and workers reconcile every second."""
+skips a step it could still get: real API, workers, reconciler and redis-server, with the
+fault suite's shortened timings (tests/recovery.py)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -24,16 +23,10 @@ from core.spec import JobStatus
 from core.store import claim_job, end_job
 from core.stream import publish_steps, stream_key
 from core.train import StepMetrics
+from tests.recovery import FAST_RECOVERY, SPEC, STEPS
 from tests.service import RedisServer, Service, kill_group, wait_until
 from tests.wire import WireProxy
 
-FAST_RECOVERY = {
-    "TRAINQ_HEARTBEAT_TIMEOUT_S": "4",
-    "TRAINQ_RECONCILE_INTERVAL_S": "1",
-    "TRAINQ_QUEUE_GRACE_S": "2",
-}
-SPEC = {"epochs": 3, "batch_size": 128, "seed": 5}  # 32 steps an epoch
-STEPS = 3 * 32
 FOLLOW_BOUND_S = 240.0  # the whole follow, however slow the machine
 CLOSE_BOUND_S = 20.0  # from the job's end in the database to the follower's last event
 ENDED_TTL_S = 24 * 3600
@@ -138,12 +131,11 @@ def assert_keys_expire(r: Redis, job_id: str) -> None:
         assert 0 < r.ttl(key) <= ENDED_TTL_S, key
 
 
+@pytest.mark.slow  # trains past an epoch, then waits out a lost worker
 def test_a_job_ended_by_the_reconciler_closes_its_followers(
-    svc: Service, pool: ThreadPoolExecutor
+    svc: Service, pool: ThreadPoolExecutor, worker: subprocess.Popen[bytes]
 ) -> None:
     c = svc.client()
-    worker = svc.start_worker()
-    svc.wait_for_workers(1)
     job = c.submit(SPEC | {"max_restarts": 0, "epochs": 20})["id"]
     live = pool.submit(follow, svc, job)
     wait_step(c, job, 32 + 10)  # after epoch 1's checkpoint: later steps only in Redis
@@ -168,18 +160,17 @@ def test_a_job_ended_by_the_reconciler_closes_its_followers(
     assert [e["epoch"] for e in kinds(again, "epoch")] == [1]
 
 
+@pytest.mark.slow  # trains past an epoch, then waits out a lost worker
 def test_cancel_of_a_requeued_job_answers_202_and_closes_its_followers(
-    svc: Service, pool: ThreadPoolExecutor
+    svc: Service, pool: ThreadPoolExecutor, worker: subprocess.Popen[bytes]
 ) -> None:
     c = svc.client()
-    first = svc.start_worker()
-    svc.wait_for_workers(1)
     job = c.submit(SPEC | {"epochs": 20})["id"]
     live = pool.submit(follow, svc, job)
     wait_step(c, job, 32 + 10)
     busy = c.submit(SPEC | {"epochs": 50})["id"]  # the next worker's, so `job` stays queued
     try:
-        kill_group(first)
+        kill_group(worker)
         svc.start_worker()
         wait_until(lambda: job_now(c, job)["status"] == "queued", 60, "the job to be requeued")
         resp = httpx.post(
@@ -196,12 +187,12 @@ def test_cancel_of_a_requeued_job_answers_202_and_closes_its_followers(
     wait_status(c, busy, "canceled")
 
 
+@pytest.mark.slow  # three epochs, followed
+@pytest.mark.usefixtures("worker")
 def test_followers_across_a_stream_that_lost_entries_see_every_step_once(
     svc: Service, pool: ThreadPoolExecutor
 ) -> None:
     c = svc.client()
-    svc.start_worker()
-    svc.wait_for_workers(1)
     job = c.submit(SPEC)["id"]
     r = svc.redis.client()
     followers: list[Future[list[dict[str, Any]]]] = [pool.submit(follow, svc, job)]
@@ -239,6 +230,7 @@ def proxied(svc: Service) -> Iterator[tuple[Service, WireProxy]]:
     proxy.close()
 
 
+@pytest.mark.slow  # three epochs, followed
 def test_epoch_events_survive_a_lost_reply_and_an_outage_at_an_epochs_end(
     svc: Service, proxied: tuple[Service, WireProxy], pool: ThreadPoolExecutor
 ) -> None:

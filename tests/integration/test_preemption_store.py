@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterator
 
-import pytest
 from sqlalchemy import update
 
 from core.config import Settings
 from core.db import Database, Job, utcnow
-from core.local.migrate import upgrade
-from core.spec import JobSpec, JobStatus
+from core.spec import JobStatus
 from core.store import (
     claim_job,
-    create_job,
     end_job,
     get_job,
     latest_checkpoint,
@@ -26,25 +22,9 @@ from core.store import (
     step_metrics,
 )
 from core.train import EpochMetrics, StepMetrics
+from tests.db import running_job
 from tests.service import RedisServer
 from worker.reconciler import reconcile_once
-
-
-@pytest.fixture(scope="module")
-def db(database_url: str) -> Iterator[Database]:
-    upgrade(database_url)
-    database = Database(database_url)
-    yield database
-    database.dispose()
-
-
-def running_job(db: Database, **spec: object) -> str:
-    job_id = str(uuid.uuid4())
-    with db.writer() as s:
-        create_job(s, job_id=job_id, spec=JobSpec.model_validate(spec), owner="o")
-    with db.writer() as s:
-        assert claim_job(s, job_id=job_id, worker="w1", device="cpu") is not None
-    return job_id
 
 
 def point(step: int, epoch: int) -> StepMetrics:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
+from typing import Any
 
 from tests.service import Service, status_of, wait_until
 
@@ -23,32 +24,31 @@ assert not [m for m in sys.modules if m.split(".")[0] in ("core", "api", "worker
 """
 
 
-def enqueue_directly(service: Service, job_id: str, spec: str) -> None:
+def run_directly(service: Service, spec: str, until: str) -> dict[str, Any]:
+    """A job of `spec` (JSON) enqueued by a process that imports only redis and rq, as an
+    admin sees it once it is `until`."""
+    job_id = str(uuid.uuid4())
     subprocess.run(
         [sys.executable, "-I", "-c", DIRECT, service.redis.url, service.queue, job_id, spec],
         check=True,
         cwd="/",  # nothing of trainq's on the path
     )
+    admin = service.client(service.admin_key)
+    wait_until(lambda: status_of(admin, job_id) == until, 60, "the job", interval=0.2)
+    return admin.job(job_id)
 
 
 def test_a_job_enqueued_with_only_redis_and_rq_runs_and_is_visible(service: Service) -> None:
-    job_id = str(uuid.uuid4())
-    enqueue_directly(service, job_id, '{"epochs": 1, "max_steps": 5}')
-    admin = service.client(service.admin_key)
-    wait_until(lambda: status_of(admin, job_id) == "succeeded", 60, "the job", interval=0.2)
-    job = admin.job(job_id)
+    job = run_directly(service, '{"epochs": 1, "max_steps": 5}', "succeeded")
     assert job["spec"]["max_steps"] == 5 and job["attempt"] == 1
-    assert [p["step"] for p in admin.metrics(job_id)["items"]] == [1, 2, 3, 4, 5]
+    admin = service.client(service.admin_key)
+    assert [p["step"] for p in admin.metrics(job["id"])["items"]] == [1, 2, 3, 4, 5]
     # Jobs without an owner belong to the admins, not to other keys.
-    assert job_id not in [j["id"] for j in service.client().jobs()]
+    assert job["id"] not in [j["id"] for j in service.client().jobs()]
 
 
 def test_an_invalid_spec_on_the_queue_fails_the_job_clearly(service: Service) -> None:
-    job_id = str(uuid.uuid4())
-    enqueue_directly(service, job_id, '{"epochs": 0, "lr": "fast"}')
-    admin = service.client(service.admin_key)
-    wait_until(lambda: status_of(admin, job_id) == "failed", 60, "the job", interval=0.2)
-    job = admin.job(job_id)
+    job = run_directly(service, '{"epochs": 0, "lr": "fast"}', "failed")
     assert job["error"]["code"] == "invalid_spec"
     assert "epochs" in job["error"]["message"] and "lr" in job["error"]["message"]
     assert job["spec"] == {"as_sent": {"epochs": 0, "lr": "fast"}}

@@ -4,18 +4,14 @@ is run again replaces what was stored, never duplicates it."""
 from __future__ import annotations
 
 import datetime as dt
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from core.db import Database, utcnow
 from core.errors import JobSuperseded
-from core.local.migrate import upgrade
-from core.spec import JobSpec, JobStatus
+from core.spec import JobStatus
 from core.store import (
     claim_job,
-    create_job,
     end_job,
     get_job,
     heartbeat,
@@ -26,21 +22,7 @@ from core.store import (
     succeed_job,
 )
 from core.train import EpochMetrics, StepMetrics
-
-
-@pytest.fixture(scope="module")
-def db(database_url: str) -> Iterator[Database]:
-    upgrade(database_url)
-    database = Database(database_url)
-    yield database
-    database.dispose()
-
-
-def new_job(db: Database) -> str:
-    job_id = str(uuid.uuid4())
-    with db.writer() as s:
-        create_job(s, job_id=job_id, spec=JobSpec(), owner="o")
-    return job_id
+from tests.db import new_job
 
 
 def point(step: int, loss: float) -> StepMetrics:

@@ -1,0 +1,111 @@
+"""Uploaded zips of class folders of images, without services: the layout, and every guard."""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from core import datasets
+from core.errors import DatasetTooLarge, InvalidDataset
+from core.train.data import load_dataset
+from core.uploads import parse_upload
+from tests.uploads import image, place, zip_bytes
+
+
+def test_zip_of_class_folders(tmp_path: Path) -> None:
+    members: dict[str, bytes] = {}
+    for i in range(10):
+        members[f"data/dog/{i}.png"] = image("L", (16, 12), 200)  # gray, resized
+        members[f"data/cat/{i}.jpg"] = image("RGB", (32, 24), (255, 0, 0), "JPEG")  # first
+    members["data/cat/.DS_Store"] = b"junk"
+    members["__MACOSX/data/cat/._0.jpg"] = b"junk"
+    parsed = parse_upload(zip_bytes(members))
+    assert parsed.classes == ("cat", "dog")  # sorted by name: cat 0, dog 1
+    assert parsed.image_shape == (3, 24, 32)  # the first image's size; colour -> all RGB
+    assert (parsed.train_count, parsed.test_count, parsed.num_classes) == (16, 4, 2)
+    data = load_dataset(place(parsed, tmp_path), tmp_path)
+    assert data.train.labels.bincount().tolist() == [8, 8]  # stratified 80/20
+    assert data.test.labels.bincount().tolist() == [2, 2]
+    cat = data.train.images[data.train.labels == 0][0]
+    assert cat[0].float().mean() > 240 and cat[2].float().mean() < 15  # red stays red
+    dog = data.train.images[data.train.labels == 1][0]
+    assert (dog == 200).all()  # gray -> the same value in R, G and B
+    # The same upload, the same split.
+    assert parse_upload(zip_bytes(members)).sha256 == parsed.sha256
+
+
+def test_grayscale_folders_stay_one_channel() -> None:
+    members = {f"{k}/{i}.png": image("L", (8, 8), 10 * k) for k in range(3) for i in range(5)}
+    parsed = parse_upload(zip_bytes(members))
+    assert parsed.image_shape == (1, 8, 8) and parsed.num_classes == 3
+
+
+@pytest.mark.parametrize("bad", ["../evil.png", "/etc/evil.png", "a/../../evil.png"])
+def test_zip_with_a_traversal_member_is_refused(bad: str) -> None:
+    members = {f"{k}/{i}.png": image("L", (8, 8), 0) for k in "ab" for i in range(3)}
+    members[bad] = image("L", (8, 8), 0)
+    with pytest.raises(InvalidDataset, match=re.escape("absolute paths and '..' are refused")):
+        parse_upload(zip_bytes(members))
+
+
+def test_zip_layout_problems_are_named() -> None:
+    ok = {f"{k}/{i}.png": image("L", (8, 8), 0) for k in "ab" for i in range(3)}
+    with pytest.raises(InvalidDataset, match=re.escape("'a/notes.txt': only PNG and JPEG")):
+        parse_upload(zip_bytes({**ok, "a/notes.txt": b"hi"}))
+    with pytest.raises(InvalidDataset, match="expected <class_name>/<image file>"):
+        parse_upload(zip_bytes({**ok, "loose.png": image("L", (8, 8), 0)}))
+    with pytest.raises(InvalidDataset, match="not a PNG or JPEG"):
+        parse_upload(zip_bytes({**ok, "a/broken.png": b"not really"}))
+    with pytest.raises(InvalidDataset, match="1 classes"):
+        parse_upload(zip_bytes({f"a/{i}.png": image("L", (8, 8), 0) for i in range(3)}))
+    with pytest.raises(InvalidDataset, match="300×8 pixels"):
+        parse_upload(zip_bytes({**ok, "a/wide.png": image("L", (300, 8), 0)}))
+
+
+def test_a_zip_bomb_is_refused() -> None:
+    # 64 MiB of zeros deflate to ~64 KiB: a ratio of ~1000.
+    bomb = zip_bytes({"a/0.png": b"\0" * (64 << 20), "b/0.png": image("L", (8, 8), 0)})
+    assert len(bomb) < 1 << 20
+    with pytest.raises(DatasetTooLarge, match=r"expands \d+ times: at most 100"):
+        parse_upload(bomb)
+
+
+def test_zip_size_and_member_count_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    members = {f"{k}/{i}.png": image("L", (8, 8), 0) for k in "ab" for i in range(3)}
+    blob = zip_bytes(members, zipfile.ZIP_STORED)
+    monkeypatch.setattr(datasets, "MAX_UNCOMPRESSED_BYTES", 100)
+    with pytest.raises(DatasetTooLarge, match="uncompressed: at most 100"):
+        parse_upload(blob)
+    monkeypatch.setattr(datasets, "MAX_UNCOMPRESSED_BYTES", 1 << 30)
+    monkeypatch.setattr(datasets, "MAX_MEMBERS", 5)
+    with pytest.raises(DatasetTooLarge, match="6 members: at most 5"):
+        parse_upload(blob)
+
+
+def test_a_member_larger_than_its_header_says_is_refused() -> None:
+    blob = bytearray(zip_bytes({"a/0.png": b"x" * 100, "b/0.png": b"y" * 100}, zipfile.ZIP_STORED))
+    # Shrink the first member's declared size in the central directory (offset 24 in the
+    # central header) to 10: reading it must stop there and refuse.
+    cd = blob.index(b"PK\x01\x02")
+    blob[cd + 24 : cd + 28] = (10).to_bytes(4, "little")
+    with pytest.raises(InvalidDataset):
+        parse_upload(bytes(blob))
+
+
+def test_an_unreadable_member_is_a_422_not_a_crash() -> None:
+    blob = bytearray(zip_bytes({"a/0.png": b"x" * 100, "b/0.png": b"y" * 100}))
+    cd = blob.index(b"PK\x01\x02")
+    blob[cd + 10 : cd + 12] = (99).to_bytes(2, "little")  # an unknown compression method
+    with pytest.raises(InvalidDataset, match="compression method is not supported"):
+        parse_upload(bytes(blob))
+
+
+def test_a_folder_zip_of_tiny_files_with_many_pixels_is_refused() -> None:
+    # 256×256 black PNGs are ~300 bytes each: 2 MiB of pixels from a few KiB.
+    blank = image("L", (256, 256), 0)
+    members = {f"{k}/{i}.png": blank for k in "ab" for i in range(16)}
+    with pytest.raises(DatasetTooLarge, match=r"32 images of 1×256×256 pixels expands \d+ times"):
+        parse_upload(zip_bytes(members))
