@@ -106,11 +106,12 @@ class RedisServer:
 
 
 def status_of(c: Client, job_id: str) -> str | None:
-    """None until the worker has taken the job and created its row."""
+    """None until the worker has taken the job and created its row, and while the API
+    answers 503 (a fault case may have taken its database or Redis away)."""
     try:
         return str(c.job(job_id)["status"])
     except ApiError as e:
-        if e.status == 404:
+        if e.status in (404, 503):
             return None
         raise
 

@@ -28,7 +28,7 @@ from core.db import Database
 from core.spec import JobSpec
 from core.store import create_job, get_job
 from tests.recovery import FAST_RECOVERY, SPEC, STEPS
-from tests.service import Service, children, fresh_service, kill_group, wait_until
+from tests.service import Service, children, fresh_service, kill_group, status_of, wait_until
 
 RECOVERY = FAST_RECOVERY | {"TRAINQ_DB_BUSY_TIMEOUT_S": "1"}  # cases here lock SQLite
 
@@ -44,17 +44,8 @@ def admin(svc: Service) -> Client:
     return svc.client(svc.admin_key)
 
 
-def status(c: Client, job_id: str) -> str | None:
-    try:
-        return str(c.job(job_id)["status"])
-    except ApiError as e:
-        if e.status in (404, 503):
-            return None
-        raise
-
-
 def wait_status(c: Client, job_id: str, want: str, timeout: float = 120) -> dict:
-    wait_until(lambda: status(c, job_id) == want, timeout, f"job {job_id} to be {want}", 0.2)
+    wait_until(lambda: status_of(c, job_id) == want, timeout, f"job {job_id} to be {want}", 0.2)
     return c.job(job_id)
 
 

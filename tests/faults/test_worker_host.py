@@ -6,21 +6,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from client.http import ApiError, Client
-from tests.service import Service, children, fresh_service, wait_until
-
-FAST_RECOVERY = {
-    "TRAINQ_HEARTBEAT_TIMEOUT_S": "4",
-    "TRAINQ_RECONCILE_INTERVAL_S": "1",
-    "TRAINQ_QUEUE_GRACE_S": "2",
-}
-SPEC = {"epochs": 3, "batch_size": 128, "seed": 5}  # 32 steps an epoch, ~4 s an epoch here
-STEPS = 3 * 32
+from tests.recovery import FAST_RECOVERY, SPEC, STEPS
+from tests.service import Service, children, fresh_service, status_of, wait_until
 
 
 @pytest.fixture
@@ -56,18 +50,9 @@ def worker_log(svc: Service) -> str:
     return (svc.log_dir / "worker0.log").read_text()
 
 
-def status(c: Client, job_id: str) -> str | None:
-    try:
-        return str(c.job(job_id)["status"])
-    except ApiError as e:
-        if e.status in (404, 503):
-            return None
-        raise
-
-
 def wait_done(c: Client, job_id: str, timeout: float = 180) -> dict:
     done = ("succeeded", "failed", "canceled")
-    wait_until(lambda: status(c, job_id) in done, timeout, f"job {job_id} to end", 0.2)
+    wait_until(lambda: status_of(c, job_id) in done, timeout, f"job {job_id} to end", 0.2)
     return c.job(job_id)
 
 
@@ -119,11 +104,12 @@ def test_the_launcher_outlasts_a_redis_outage(svc: Service) -> None:
     assert launcher.poll() is None
 
 
-def test_the_worker_parent_survives_a_full_redis_mid_job(svc: Service) -> None:
+def test_the_worker_parent_survives_a_full_redis_mid_job(
+    svc: Service, worker: subprocess.Popen[bytes]
+) -> None:
     """Redis at maxmemory with noeviction answers every write with OOM: the RQ parent's
     heartbeats fail, and it used to quit, orphaning its horse. Now it logs and waits on."""
-    launcher = svc.start_worker()
-    svc.wait_for_workers(1)
+    launcher = worker
     (parent,) = workers_of(launcher.pid)
     c = svc.client()
     job = c.submit(SPEC)
@@ -148,11 +134,12 @@ def test_the_worker_parent_survives_a_full_redis_mid_job(svc: Service) -> None:
     r.close()
 
 
-def test_a_worker_killed_mid_job_leaves_no_horse(svc: Service) -> None:
+def test_a_worker_killed_mid_job_leaves_no_horse(
+    svc: Service, worker: subprocess.Popen[bytes]
+) -> None:
     """kill -9 of the RQ parent: its horse gets SIGTERM (parent-death signal) and hands
     the job back, and the launcher starts the next worker only once that horse is gone."""
-    launcher = svc.start_worker()
-    svc.wait_for_workers(1)
+    launcher = worker
     (parent,) = workers_of(launcher.pid)
     c = svc.client()
     job = c.submit(SPEC)

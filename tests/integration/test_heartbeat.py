@@ -9,15 +9,13 @@ import datetime as dt
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from core.db import Database, as_utc
-from core.local.migrate import upgrade
-from core.spec import JobSpec
-from core.store import claim_job, create_job, get_job, request_cancel, requeue_job
+from core.store import get_job, request_cancel, requeue_job
+from tests.db import migrated, running_job
 from tests.service import wait_until
 from worker.heartbeat import Heartbeat
 
@@ -26,19 +24,9 @@ EVERY_S = 0.1
 
 @pytest.fixture(scope="module")
 def db(database_url: str) -> Iterator[Database]:
-    upgrade(database_url)
-    database = Database(database_url, busy_timeout_s=0.2)
-    yield database
-    database.dispose()
-
-
-def running_job(db: Database) -> str:
-    job_id = str(uuid.uuid4())
-    with db.writer() as s:
-        create_job(s, job_id=job_id, spec=JobSpec(), owner="o")
-    with db.writer() as s:
-        claim_job(s, job_id=job_id, worker="w", device="cpu")
-    return job_id
+    """SQLite's lock is waited out for 0.2 s only: the locked-database case needs it short."""
+    with migrated(database_url, busy_timeout_s=0.2) as database:
+        yield database
 
 
 def last_beat(db: Database, job_id: str) -> dt.datetime:
