@@ -38,10 +38,11 @@ class Recorder:
 
 
 @pytest.fixture(scope="session")
-def default_run(data_dir: Path) -> tuple[TrainResult, Recorder]:
-    """The default spec, 5 epochs on mnist-sample, trained once for several tests."""
+def two_epochs(data_dir: Path) -> tuple[TrainResult, Recorder]:
+    """The default spec for 2 epochs on mnist-sample (the whole schedule, every callback,
+    a model to export), trained once for several tests."""
     rec = Recorder()
-    result = train(JobSpec(epochs=5), data_dir=data_dir, callbacks=rec.callbacks())
+    result = train(JobSpec(epochs=2), data_dir=data_dir, callbacks=rec.callbacks())
     return result, rec
 
 

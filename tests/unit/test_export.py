@@ -22,9 +22,9 @@ with torch.inference_mode():
 
 
 def test_torchscript_reloads_in_a_fresh_process_with_the_same_logits(
-    default_run: tuple[TrainResult, Recorder], data_dir: Path, tmp_path: Path
+    two_epochs: tuple[TrainResult, Recorder], data_dir: Path, tmp_path: Path
 ) -> None:
-    result, _ = default_run
+    result, _ = two_epochs
     model_file = tmp_path / "model.pt"
     model_file.write_bytes(result.model)
     test = load_dataset("mnist-sample", data_dir).test

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import itertools
 import math
 import warnings
@@ -17,20 +18,12 @@ from tests.conftest import Recorder, cuda
 
 
 @pytest.mark.slow
-def test_default_spec_reaches_97_percent_in_5_epochs(
-    default_run: tuple[TrainResult, Recorder],
-) -> None:
-    result, rec = default_run
+def test_default_spec_reaches_97_percent_in_5_epochs(data_dir: Path) -> None:
+    rec = Recorder()
+    result = train(JobSpec(epochs=5), data_dir=data_dir, callbacks=rec.callbacks())
     assert result.test_accuracy >= 0.97, [e.test_accuracy for e in result.epochs]
     assert len(rec.epochs) == 5
     assert rec.epochs[-1].train_loss < rec.epochs[0].train_loss
-
-
-@pytest.fixture(scope="module")
-def two_epochs(data_dir: Path) -> tuple[TrainResult, Recorder]:
-    """The default spec for 2 epochs: the whole schedule, every callback, in seconds."""
-    rec = Recorder()
-    return train(JobSpec(epochs=2), data_dir=data_dir, callbacks=rec.callbacks()), rec
 
 
 def test_every_step_reaches_on_steps_once_in_order(
@@ -74,7 +67,7 @@ def small(**kw: object) -> JobSpec:
 def weights_after(spec: JobSpec, data_dir: Path) -> dict[str, torch.Tensor]:
     rec = Recorder()
     train(spec, data_dir=data_dir, callbacks=rec.callbacks())
-    return torch.load(__import__("io").BytesIO(rec.checkpoints[-1][1]), weights_only=True)["model"]
+    return torch.load(io.BytesIO(rec.checkpoints[-1][1]), weights_only=True)["model"]
 
 
 def test_same_seed_same_weights_on_cpu(data_dir: Path) -> None:
