@@ -54,3 +54,24 @@ def test_flush_reads_the_losses_only_after_the_copy_has_landed() -> None:
         big = big @ big / 64
     buf.flush()
     assert [p.loss for p in got] == values
+
+
+@cuda
+def test_memory_figures_are_the_allocators() -> None:
+    """Each step's figures are what torch.cuda.memory_allocated, memory_reserved and
+    max_memory_allocated say at that moment."""
+    dev = torch.device("cuda")
+    got: list[StepMetrics] = []
+    buf = StepBuffer(dev, 8, got.extend)
+    keep = torch.empty(2**20, device=dev)
+    loss = torch.ones((), device=dev)  # held: its block stays allocated while we compare
+    buf.add(1, 1, loss, 0.1, 64)
+    expected = (
+        torch.cuda.memory_allocated(dev),
+        torch.cuda.memory_reserved(dev),
+        torch.cuda.max_memory_allocated(dev),
+    )
+    buf.flush()
+    (point,) = got
+    assert (point.memory_allocated, point.memory_reserved, point.memory_peak) == expected
+    assert point.memory_allocated >= keep.numel() * 4
