@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from enum import Enum
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
@@ -47,9 +48,40 @@ WRITE_BATCH = 1000  # entries per script call: a long backlog must not block Red
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 1.0, 15.0
 
 log = logging.getLogger("trainq.stream")
+# A step fits in 9 digits, far past any run: a longer one is no id this stream wrote.
+_ENTRY_ID = re.compile(r"([0-9]{1,9})-([0-9])")
 
-Entry = tuple[str, str, dict[str, Any]]  # (stream id, kind, data), as read
-Pending = tuple[str, str]  # (stream id, JSON data), to write
+
+class InvalidEntryId(ValueError):
+    """Text that is not a stream entry id `<step>-<seq>` (a client's Last-Event-ID, say)."""
+
+
+class EntryId(NamedTuple):
+    """A stream entry id, `<step>-<seq>`: the entry of kind `seq` (STEP, EPOCH, START, END)
+    at `step`. Ordered as the stream orders its entries; its text is also the SSE `id` a
+    follower resumes from. A tuple, so that comparing two costs what comparing ints does."""
+
+    step: int
+    seq: int
+
+    def __str__(self) -> str:
+        return f"{self.step}-{self.seq}"
+
+    @classmethod
+    def parse(cls, text: str) -> EntryId:
+        """The id `text` spells; InvalidEntryId for anything else."""
+        match = _ENTRY_ID.fullmatch(text)
+        if match is None:
+            raise InvalidEntryId(f"{text[:40]!r} is not a stream entry id <step>-<seq>")
+        return cls(int(match[1]), int(match[2]))
+
+    def exclusive(self) -> str:
+        """The XRANGE bound that starts after this entry."""
+        return f"({self}"
+
+
+Entry = tuple[str, str, dict[str, Any]]  # (stream id as Redis returned it, kind, data), as read
+Pending = tuple[EntryId, str]  # (stream id, JSON data), to write
 
 
 class Outcome(Enum):
@@ -160,7 +192,7 @@ def _finite(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _pending(step: int, seq: int, data: dict[str, Any]) -> Pending:
-    return f"{step}-{seq}", json.dumps(_finite(data))
+    return EntryId(step, seq), json.dumps(_finite(data))
 
 
 def step_entries(points: Iterable[StepMetrics]) -> list[Pending]:
@@ -194,7 +226,7 @@ def write(
     ttls = [LIVE_TTL_S * 1000, FINISHED_TTL_S * 1000]
     args: list[str | int] = [attempt, maxlen, *ttls, 1 if vouched else 0]
     for entry_id, data in entries:
-        args += [entry_id, data]
+        args += [str(entry_id), data]
     added: Any = script(keys=job_keys(job_id), args=args)
     codes = {-1: Outcome.SUPERSEDED, -2: Outcome.ENDED, -3: Outcome.UNFENCED}
     return codes.get(int(added), Outcome.WRITTEN)
@@ -259,7 +291,7 @@ class Publisher:
         excess = len(self.waiting) - self.maxlen
         if excess <= 0:
             return
-        start = self.waiting.popleft() if seq_of(self.waiting[0][0]) == START else None
+        start = self.waiting.popleft() if self.waiting[0][0].seq == START else None
         for _ in range(excess):
             self.waiting.popleft()
         if start is not None:  # the start rewinds what an earlier attempt left: it stays
@@ -311,7 +343,7 @@ class Publisher:
         if state is None or state[0] != self.attempt:
             return False
         status = state[1]
-        ending = any(seq_of(entry_id) == END for entry_id, _ in self.waiting)
+        ending = any(entry_id.seq == END for entry_id, _ in self.waiting)
         return status is JobStatus.running or (status.terminal and ending)
 
     def failed(self, e: Exception) -> None:
@@ -358,20 +390,20 @@ def parse_entries(raw: Any) -> list[Entry]:
     for entry_id, fields in raw or []:
         eid = _text(entry_id)
         data = fields.get(b"data") or fields.get("data")
-        out.append((eid, KIND[seq_of(eid)], json.loads(data)))
+        out.append((eid, KIND[EntryId.parse(eid).seq], json.loads(data)))
     return out
 
 
-def read(r: Redis, job_id: str, after: str | None, count: int) -> list[Entry]:
-    """Entries after stream id `after` (exclusive)."""
-    start = "-" if after is None else f"({after}"
+def read(r: Redis, job_id: str, after: EntryId | None, count: int) -> list[Entry]:
+    """Entries after `after` (from the first with None)."""
+    start = "-" if after is None else after.exclusive()
     raw: Any = r.xrange(stream_key(job_id), min=start, max="+", count=count)
     return parse_entries(raw)
 
 
-async def aread(ar: AsyncRedis, job_id: str, after: str | None, count: int) -> list[Entry]:
+async def aread(ar: AsyncRedis, job_id: str, after: EntryId | None, count: int) -> list[Entry]:
     """`read` with the asyncio client."""
-    start = "-" if after is None else f"({after}"
+    start = "-" if after is None else after.exclusive()
     raw: Any = await ar.xrange(stream_key(job_id), min=start, max="+", count=count)
     return parse_entries(raw)
 
@@ -379,16 +411,17 @@ async def aread(ar: AsyncRedis, job_id: str, after: str | None, count: int) -> l
 def latest_step(r: Redis, job_id: str) -> int:
     """The last step the stream has seen (0 if none)."""
     raw: Any = r.xrevrange(stream_key(job_id), count=1)
-    return step_of(_text(raw[0][0])) if raw else 0
+    return EntryId.parse(_text(raw[0][0])).step if raw else 0
 
 
 def _text(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
+# Kept for callers that still split entry ids by these names; EntryId.parse is the parser.
 def step_of(entry_id: str) -> int:
-    return int(entry_id.split("-")[0])
+    return EntryId.parse(entry_id).step
 
 
 def seq_of(entry_id: str) -> int:
-    return int(entry_id.split("-")[1])
+    return EntryId.parse(entry_id).seq
