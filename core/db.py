@@ -162,7 +162,8 @@ class EpochMetric(Base):
 
 class StepMetric(Base):
     """Per-batch history, written once per epoch (with that epoch's checkpoint), so that it
-    outlives the bounded Redis stream."""
+    outlives the bounded Redis stream. Its columns are core.train's StepMetrics, written out
+    so that the database imports no torch (tests/unit/test_step_record.py keeps them equal)."""
 
     __tablename__ = "step_metrics"
 
