@@ -5,12 +5,13 @@ One Redis Stream per job with explicit entry ids, so a stream id is also a curso
 `{step}-2` a job starting (or resuming) after that step and `{step}-3` the job ending.
 The database keeps the full history; Redis may lose or expire the stream.
 
-Every write goes through one Lua script (one atomic round trip), fenced by attempt: a key
-beside the stream holds the attempt that last started, and a write of an earlier attempt
-is refused. A missing fence (Redis restarted empty, or the key evicted) is never taken as
-permission: the worker's publisher then proves in the database that its attempt still owns
-the job before it sets the fence again (only ever raising it); only a caller holding the
-database's word already (the end of a job, just decided there) writes without one.
+Every write goes through one Lua script (core.stream_lua: one atomic round trip), fenced
+by attempt: a key beside the stream holds the attempt that last started, and a write of an
+earlier attempt is refused. A missing fence (Redis restarted empty, or the key evicted) is
+never taken as permission: the worker's publisher then proves in the database that its
+attempt still owns the job before it sets the fence again (only ever raising it); only a
+caller holding the database's word already (the end of a job, just decided there) writes
+without one.
 Writing an entry twice is harmless (a batch whose reply was lost, sent again): entries not
 above the stream's last id are skipped. Nothing is written after the end, and the end is
 keyed at or above the stream's last step, so it is always accepted. Every key of a job
@@ -35,6 +36,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
 from core.spec import JobStatus
+from core.stream_lua import RAISE_FENCE, WRITE
 
 if TYPE_CHECKING:
     from core.train import EpochMetrics, StepMetrics
@@ -93,75 +95,6 @@ class Outcome(Enum):
 
 # The job row's attempt and status, read from the database when it is asked (None: no row).
 RowState = Callable[[], tuple[int, JobStatus] | None]
-
-# KEYS: stream, attempt, cancel. ARGV: attempt, maxlen (0: no trim), live TTL ms, ended
-# TTL ms, vouched ("1": a missing fence counts as 0), then (id, data) pairs in id order.
-_WRITE_LUA = """
-local stream, attempt_key, cancel_key = KEYS[1], KEYS[2], KEYS[3]
-local attempt, maxlen = tonumber(ARGV[1]), ARGV[2]
-local fence = redis.call('GET', attempt_key)
-if not fence and ARGV[5] ~= '1' then return -3 end
-local current = tonumber(fence or '0')
-if attempt < current then return -1 end
-local function parse(id)
-  local step, seq = string.match(id, '^(%d+)-(%d)$')
-  return tonumber(step), tonumber(seq)
-end
-local last_step, last_seq = 0, 0
-if redis.call('EXISTS', stream) == 1 then
-  local info = redis.call('XINFO', 'STREAM', stream)
-  for i = 1, #info, 2 do
-    if info[i] == 'last-generated-id' then last_step, last_seq = parse(info[i + 1]) end
-  end
-end
-if last_seq == 3 then return -2 end
-local added, ended = 0, false
-for i = 6, #ARGV, 2 do
-  local step, seq = parse(ARGV[i])
-  if seq == 2 and attempt > current then
-    -- a new attempt resumes after `step`: what an earlier one wrote past it goes
-    redis.call('SET', attempt_key, attempt)
-    current = attempt
-    if redis.call('EXISTS', stream) == 1 then
-      local later = redis.call('XRANGE', stream, string.format('%d-2', step), '+')
-      for _, e in ipairs(later) do redis.call('XDEL', stream, e[1]) end
-      redis.call('XSETID', stream, string.format('%d-1', step))
-      last_step, last_seq = step, 1
-    end
-  elseif seq == 3 and last_step > step then
-    step = last_step
-  end
-  if step > last_step or (step == last_step and seq > last_seq) then
-    local id = string.format('%d-%d', step, seq)
-    if maxlen == '0' then
-      redis.call('XADD', stream, id, 'data', ARGV[i + 1])
-    else
-      redis.call('XADD', stream, 'MAXLEN', '~', maxlen, id, 'data', ARGV[i + 1])
-    end
-    last_step, last_seq, added = step, seq, added + 1
-  end
-  if seq == 3 then
-    ended = true
-    break
-  end
-end
-local ttl = ended and ARGV[4] or ARGV[3]
-redis.call('PEXPIRE', stream, ttl)
-redis.call('PEXPIRE', attempt_key, ttl)
-if ended then redis.call('PEXPIRE', cancel_key, ttl) end
-return added
-"""
-
-# KEYS: attempt. ARGV: attempt, TTL ms. The fence only ever rises; returns the fence now.
-_RAISE_LUA = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-local attempt = tonumber(ARGV[1])
-if attempt > current then
-  redis.call('SET', KEYS[1], attempt, 'PX', ARGV[2])
-  return attempt
-end
-return current
-"""
 
 
 def stream_key(job_id: str) -> str:
@@ -222,7 +155,7 @@ def write(
     `vouched`: the caller holds the database's word for this attempt (it just claimed the
     job, or the job just ended there), so a missing fence counts as none; otherwise a
     missing fence refuses the write (UNFENCED)."""
-    script = r.register_script(_WRITE_LUA)
+    script = r.register_script(WRITE)
     ttls = [LIVE_TTL_S * 1000, FINISHED_TTL_S * 1000]
     args: list[str | int] = [attempt, maxlen, *ttls, 1 if vouched else 0]
     for entry_id, data in entries:
@@ -234,7 +167,7 @@ def write(
 
 def raise_fence(r: Redis, job_id: str, attempt: int) -> int:
     """Set the fence to `attempt` unless it is higher already; the fence as it is now."""
-    script = r.register_script(_RAISE_LUA)
+    script = r.register_script(RAISE_FENCE)
     now: Any = script(keys=[attempt_key(job_id)], args=[attempt, LIVE_TTL_S * 1000])
     return int(now)
 
