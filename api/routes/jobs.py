@@ -226,8 +226,7 @@ async def get_metrics(
     cursor = items[-1]["step"] if items else after
     if len(items) < limit:
         # Newer steps than the database holds: the live stream (steps only, in order).
-        stored_to = EntryId(cursor, STEP)
-        live = await aread(ar, str(job_id), stored_to, count=2 * (limit - len(items)))
+        live = await aread(ar, str(job_id), EntryId(cursor, STEP), count=2 * (limit - len(items)))
         for _, kind, data in live:
             if kind != "step":
                 continue
