@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator
 from enum import Enum
@@ -28,7 +27,15 @@ from api.deps import read
 from core.db import Database
 from core.spec import JobStatus
 from core.store import epoch_metrics, get_job, step_rows
-from core.stream import END, EPOCH, STEP, parse_entries, stream_key
+from core.stream import (
+    END,
+    EPOCH,
+    STEP,
+    EntryId,
+    InvalidEntryId,
+    parse_entries,
+    stream_key,
+)
 
 log = logging.getLogger("trainq.api")
 IDLE_BLOCK_MS = 5000
@@ -37,13 +44,11 @@ GAP_POLL_S = 1.0  # how often a follower waiting for missing steps asks the data
 # superseded attempt (or any writer) may go on adding to a stream whose end was lost.
 ENDED_POLL_S = 3.0
 DB_PAGE = 2000
-EVENT_ID = re.compile(r"^\d{1,9}-\d$")  # steps fit in 9 digits (api.schemas.MAX_STEP)
 BACKLOG = 256  # live batches a follower may fall behind by before it reads Redis again
 KEEP_ALIVE = ": keep-alive\n\n"
 ADMIN_ONLY = frozenset({"worker"})  # status fields no event carries (see _for_every_key)
 
-Key = tuple[int, int]
-Batch = list[tuple[Key, str]]  # (entry key, the SSE text of that entry), in order
+Batch = list[tuple[EntryId, str]]  # (entry id, the SSE text of that entry), in order
 
 
 class Signal(Enum):
@@ -55,29 +60,21 @@ class Signal(Enum):
 Item = Batch | Signal
 
 
-def sse(event_id: str, kind: str, data: dict[str, Any]) -> str:
-    return f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(data)}\n\n"
+def sse(event_id: EntryId, kind: str, data: dict[str, Any]) -> str:
+    return f"id: {event_id!s}\nevent: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
-def _key(event_id: str) -> Key:
-    step, seq = event_id.split("-")
-    return int(step), int(seq)
-
-
-def _event_id(key: Key) -> str:
-    return f"{key[0]}-{key[1]}"
-
-
-def _last_needed(key: Key) -> int:
+def _last_needed(key: EntryId) -> int:
     """The last step a follower must have seen before the entry `key`."""
-    return key[0] - 1 if key[1] == STEP else key[0]
+    return key.step - 1 if key.seq == STEP else key.step
 
 
 def _batch(raw: Any) -> Batch:
-    return [
-        (_key(eid), sse(eid, kind, {"type": kind, **_for_every_key(kind, data)}))
-        for eid, kind, data in parse_entries(raw)
-    ]
+    batch: Batch = []
+    for eid, kind, data in parse_entries(raw):
+        key = EntryId.parse(eid)
+        batch.append((key, sse(key, kind, {"type": kind, **_for_every_key(kind, data)})))
+    return batch
 
 
 def _for_every_key(kind: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -96,7 +93,7 @@ class _Feed:
     batch instead of a hundred of each. A follower that falls BACKLOG batches behind is
     dropped from the feed and reads Redis itself until it has caught up."""
 
-    def __init__(self, hub: EventHub, job_id: str, cursor: str) -> None:
+    def __init__(self, hub: EventHub, job_id: str, cursor: EntryId) -> None:
         self.hub = hub
         self.job_id = job_id
         self.cursor = cursor
@@ -109,13 +106,13 @@ class _Feed:
         try:
             while self.followers:
                 raw: Any = await self.hub.ar.xread(
-                    {key: self.cursor}, count=500, block=IDLE_BLOCK_MS
+                    {key: str(self.cursor)}, count=500, block=IDLE_BLOCK_MS
                 )
                 if raw:
                     batch = _batch(raw[0][1])
-                    self.cursor = _event_id(batch[-1][0])
+                    self.cursor = batch[-1][0]
                     self._send(batch)
-                    if batch[-1][0][1] == END:
+                    if self.cursor.seq == END:
                         return
                     if time.monotonic() - asked_db < ENDED_POLL_S:
                         continue
@@ -157,7 +154,7 @@ class EventHub:
         self.ar = ar
         self.feeds: dict[str, _Feed] = {}
 
-    def follow(self, job_id: str, cursor: str) -> asyncio.Queue[Item]:
+    def follow(self, job_id: str, cursor: EntryId) -> asyncio.Queue[Item]:
         """Live batches from now on (and possibly some from before: the follower skips
         what it has seen). `cursor` starts a new feed: the last entry the stream holds."""
         feed = self.feeds.get(job_id)
@@ -179,17 +176,24 @@ class EventHub:
 async def event_stream(
     hub: EventHub, db: Database, ar: AsyncRedis, job_id: str, last_event_id: str | None
 ) -> AsyncIterator[str]:
-    valid = last_event_id is not None and EVENT_ID.match(last_event_id)
-    cursor = _key(last_event_id) if valid and last_event_id else (0, 0)
-    async for chunk in _Follower(hub, db, ar, job_id, cursor).events():
+    async for chunk in _Follower(hub, db, ar, job_id, _resumed_at(last_event_id)).events():
         yield chunk
+
+
+def _resumed_at(last_event_id: str | None) -> EntryId:
+    """The entry a follower has seen last. Junk, or a step past any run, starts it from the
+    beginning, as no Last-Event-ID does."""
+    try:
+        return EntryId.parse(last_event_id or "")
+    except InvalidEntryId:
+        return EntryId(0, 0)
 
 
 class _Follower:
     """One client's read of a job's events, from `cursor` (the last entry it has seen)."""
 
     def __init__(
-        self, hub: EventHub, db: Database, ar: AsyncRedis, job_id: str, cursor: Key
+        self, hub: EventHub, db: Database, ar: AsyncRedis, job_id: str, cursor: EntryId
     ) -> None:
         self.hub = hub
         self.db = db
@@ -197,7 +201,7 @@ class _Follower:
         self.job_id = job_id
         self.key = stream_key(job_id)
         self.cursor = cursor
-        self.done = cursor[1] == END  # it saw the end already
+        self.done = cursor.seq == END  # it saw the end already
         self.stalled = False  # at a gap the database cannot fill yet
 
     async def events(self) -> AsyncIterator[str]:
@@ -205,7 +209,7 @@ class _Follower:
             # Join the live feed first, then read what came before it from Redis: nothing
             # falls between the two, and what both hold is sent once (by entry id).
             top: Any = await self.ar.xrevrange(self.key, count=1)
-            q = self.hub.follow(self.job_id, parse_entries(top)[0][0] if top else "0-0")
+            q = self.hub.follow(self.job_id, _batch(top)[0][0] if top else EntryId(0, 0))
             try:
                 async for chunk in self._relay(q):
                     yield chunk
@@ -245,7 +249,7 @@ class _Follower:
     async def _stored(self) -> AsyncIterator[Batch]:
         while True:
             raw: Any = await self.ar.xrange(
-                self.key, min=f"({_event_id(self.cursor)}", max="+", count=500
+                self.key, min=self.cursor.exclusive(), max="+", count=500
             )
             if not raw:
                 return
@@ -255,7 +259,7 @@ class _Follower:
         for key, text in batch:
             if key <= self.cursor:
                 continue
-            if _last_needed(key) > self.cursor[0]:
+            if _last_needed(key) > self.cursor.step:
                 async for chunk in self._fill(key):
                     yield chunk
                 if self.stalled:
@@ -264,25 +268,25 @@ class _Follower:
                     continue
             yield text
             self.cursor = key
-            if key[1] == END:
+            if key.seq == END:
                 self.done = True
                 return
 
-    async def _fill(self, key: Key) -> AsyncIterator[str]:
+    async def _fill(self, key: EntryId) -> AsyncIterator[str]:
         """The steps missing before entry `key`: from the database; if it lacks some, wait
         for them while the job runs, and once it ended say that they are gone."""
         ended = await read(self.db, _terminal_status, self.job_id)
         async for chunk in self._from_db():
             yield chunk
         last = _last_needed(key)
-        if last <= self.cursor[0]:
+        if last <= self.cursor.step:
             return
         if ended is None:
             self.stalled = True
             return
-        gone = {"type": "gap", "from": self.cursor[0] + 1, "to": last}
-        self.cursor = (last, STEP)
-        yield sse(_event_id(self.cursor), "gap", gone)
+        gone = {"type": "gap", "from": self.cursor.step + 1, "to": last}
+        self.cursor = EntryId(last, STEP)
+        yield sse(self.cursor, "gap", gone)
 
     async def _close(self) -> AsyncIterator[str]:
         """The end from the database: what it holds past the cursor, then the status."""
@@ -292,23 +296,23 @@ class _Follower:
         ended = await read(self.db, _terminal_status, self.job_id)
         if ended is not None:
             step, payload = ended
-            yield sse(_event_id((max(step, self.cursor[0]), END)), "status", payload)
+            yield sse(EntryId(max(step, self.cursor.step), END), "status", payload)
 
     async def _from_db(self) -> AsyncIterator[str]:
         while rows := await read(self.db, _db_page, self.job_id, self.cursor):
             for key, kind, data in rows:
                 self.cursor = key
-                yield sse(_event_id(key), kind, {"type": kind, **data})
+                yield sse(key, kind, {"type": kind, **data})
 
 
-def _db_page(s: Session, job_id: str, cursor: Key) -> list[tuple[Key, str, dict[str, Any]]]:
+def _db_page(s: Session, job_id: str, cursor: EntryId) -> list[tuple[EntryId, str, dict[str, Any]]]:
     """The stored steps and epoch ends after `cursor`, in order (a page of steps)."""
-    after = cursor[0]
+    after = cursor.step
     steps = step_rows(s, job_id=job_id, after=after, limit=DB_PAGE)
     last = steps[-1]["step"] if steps else after
     epochs = [e for e in epoch_metrics(s, job_id=job_id) if after <= e.step <= last]
-    out: list[tuple[Key, str, dict[str, Any]]] = [((p["step"], STEP), "step", p) for p in steps]
-    out += [((e.step, EPOCH), "epoch", _columns(e)) for e in epochs]
+    out = [(EntryId(p["step"], STEP), "step", p) for p in steps]
+    out += [(EntryId(e.step, EPOCH), "epoch", _columns(e)) for e in epochs]
     return sorted((row for row in out if row[0] > cursor), key=lambda row: row[0])
 
 

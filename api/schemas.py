@@ -70,7 +70,8 @@ class JobPage(BaseModel):
 
 # One step as the API answers it: the fields of the trainer's StepMetrics and of the
 # StepMetric row, in a schema of its own that documents the response in OpenAPI and keeps
-# torch (core.train's) out of the API's start-up.
+# torch (core.train's) out of the API's start-up; tests/unit/test_step_record.py keeps the
+# three equal.
 class MetricPoint(BaseModel):
     step: int
     epoch: int

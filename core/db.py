@@ -162,7 +162,8 @@ class EpochMetric(Base):
 
 class StepMetric(Base):
     """Per-batch history, written once per epoch (with that epoch's checkpoint), so that it
-    outlives the bounded Redis stream."""
+    outlives the bounded Redis stream. Its columns are core.train's StepMetrics, written out
+    so that the database imports no torch (tests/unit/test_step_record.py keeps them equal)."""
 
     __tablename__ = "step_metrics"
 
@@ -272,7 +273,7 @@ def make_engine(url: str, *, busy_timeout_s: float = 15.0, pooled: bool = False)
 
 class _WriterLock:
     """SQLite admits one writer at a time, and a writer that finds the database locked polls
-    it with sleeps of 1, 2, 5, 10 ms and more; under load that adds tens of milliseconds.
+    it with ever longer sleeps, and may sleep on well after the database is free.
     Writers of one process therefore queue on this lock first, and are handed the database
     in turn; only writers of other processes still meet the busy timeout. A connection
     holds the lock from BEGIN IMMEDIATE until it is returned to the pool (the end of its

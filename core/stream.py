@@ -5,12 +5,13 @@ One Redis Stream per job with explicit entry ids, so a stream id is also a curso
 `{step}-2` a job starting (or resuming) after that step and `{step}-3` the job ending.
 The database keeps the full history; Redis may lose or expire the stream.
 
-Every write goes through one Lua script (one atomic round trip), fenced by attempt: a key
-beside the stream holds the attempt that last started, and a write of an earlier attempt
-is refused. A missing fence (Redis restarted empty, or the key evicted) is never taken as
-permission: the worker's publisher then proves in the database that its attempt still owns
-the job before it sets the fence again (only ever raising it); only a caller holding the
-database's word already (the end of a job, just decided there) writes without one.
+Every write goes through one Lua script (core.stream_lua: one atomic round trip), fenced
+by attempt: a key beside the stream holds the attempt that last started, and a write of an
+earlier attempt is refused. A missing fence (Redis restarted empty, or the key evicted) is
+never taken as permission: the worker's publisher then proves in the database that its
+attempt still owns the job before it sets the fence again (only ever raising it); only a
+caller holding the database's word already (the end of a job, just decided there) writes
+without one.
 Writing an entry twice is harmless (a batch whose reply was lost, sent again): entries not
 above the stream's last id are skipped. Nothing is written after the end, and the end is
 keyed at or above the stream's last step, so it is always accepted. Every key of a job
@@ -21,19 +22,21 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from enum import Enum
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
 from core.spec import JobStatus
+from core.stream_lua import RAISE_FENCE, WRITE
 
 if TYPE_CHECKING:
     from core.train import EpochMetrics, StepMetrics
@@ -47,9 +50,40 @@ WRITE_BATCH = 1000  # entries per script call: a long backlog must not block Red
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 1.0, 15.0
 
 log = logging.getLogger("trainq.stream")
+# A step fits in 9 digits, far past any run: a longer one is no id this stream wrote.
+_ENTRY_ID = re.compile(r"([0-9]{1,9})-([0-9])")
 
-Entry = tuple[str, str, dict[str, Any]]  # (stream id, kind, data), as read
-Pending = tuple[str, str]  # (stream id, JSON data), to write
+
+class InvalidEntryId(ValueError):
+    """Text that is not a stream entry id `<step>-<seq>` (a client's Last-Event-ID, say)."""
+
+
+class EntryId(NamedTuple):
+    """A stream entry id, `<step>-<seq>`: the entry of kind `seq` (STEP, EPOCH, START, END)
+    at `step`. Ordered as the stream orders its entries; its text is also the SSE `id` a
+    follower resumes from. A tuple, so that comparing two costs what comparing ints does."""
+
+    step: int
+    seq: int
+
+    def __str__(self) -> str:
+        return f"{self.step}-{self.seq}"
+
+    @classmethod
+    def parse(cls, text: str) -> EntryId:
+        """The id `text` spells; InvalidEntryId for anything else."""
+        match = _ENTRY_ID.fullmatch(text)
+        if match is None:
+            raise InvalidEntryId(f"{text[:40]!r} is not a stream entry id <step>-<seq>")
+        return cls(int(match[1]), int(match[2]))
+
+    def exclusive(self) -> str:
+        """The XRANGE bound that starts after this entry."""
+        return f"({self}"
+
+
+Entry = tuple[str, str, dict[str, Any]]  # (stream id as Redis returned it, kind, data), as read
+Pending = tuple[EntryId, str]  # (stream id, JSON data), to write
 
 
 class Outcome(Enum):
@@ -61,75 +95,6 @@ class Outcome(Enum):
 
 # The job row's attempt and status, read from the database when it is asked (None: no row).
 RowState = Callable[[], tuple[int, JobStatus] | None]
-
-# KEYS: stream, attempt, cancel. ARGV: attempt, maxlen (0: no trim), live TTL ms, ended
-# TTL ms, vouched ("1": a missing fence counts as 0), then (id, data) pairs in id order.
-_WRITE_LUA = """
-local stream, attempt_key, cancel_key = KEYS[1], KEYS[2], KEYS[3]
-local attempt, maxlen = tonumber(ARGV[1]), ARGV[2]
-local fence = redis.call('GET', attempt_key)
-if not fence and ARGV[5] ~= '1' then return -3 end
-local current = tonumber(fence or '0')
-if attempt < current then return -1 end
-local function parse(id)
-  local step, seq = string.match(id, '^(%d+)-(%d)$')
-  return tonumber(step), tonumber(seq)
-end
-local last_step, last_seq = 0, 0
-if redis.call('EXISTS', stream) == 1 then
-  local info = redis.call('XINFO', 'STREAM', stream)
-  for i = 1, #info, 2 do
-    if info[i] == 'last-generated-id' then last_step, last_seq = parse(info[i + 1]) end
-  end
-end
-if last_seq == 3 then return -2 end
-local added, ended = 0, false
-for i = 6, #ARGV, 2 do
-  local step, seq = parse(ARGV[i])
-  if seq == 2 and attempt > current then
-    -- a new attempt resumes after `step`: what an earlier one wrote past it goes
-    redis.call('SET', attempt_key, attempt)
-    current = attempt
-    if redis.call('EXISTS', stream) == 1 then
-      local later = redis.call('XRANGE', stream, string.format('%d-2', step), '+')
-      for _, e in ipairs(later) do redis.call('XDEL', stream, e[1]) end
-      redis.call('XSETID', stream, string.format('%d-1', step))
-      last_step, last_seq = step, 1
-    end
-  elseif seq == 3 and last_step > step then
-    step = last_step
-  end
-  if step > last_step or (step == last_step and seq > last_seq) then
-    local id = string.format('%d-%d', step, seq)
-    if maxlen == '0' then
-      redis.call('XADD', stream, id, 'data', ARGV[i + 1])
-    else
-      redis.call('XADD', stream, 'MAXLEN', '~', maxlen, id, 'data', ARGV[i + 1])
-    end
-    last_step, last_seq, added = step, seq, added + 1
-  end
-  if seq == 3 then
-    ended = true
-    break
-  end
-end
-local ttl = ended and ARGV[4] or ARGV[3]
-redis.call('PEXPIRE', stream, ttl)
-redis.call('PEXPIRE', attempt_key, ttl)
-if ended then redis.call('PEXPIRE', cancel_key, ttl) end
-return added
-"""
-
-# KEYS: attempt. ARGV: attempt, TTL ms. The fence only ever rises; returns the fence now.
-_RAISE_LUA = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-local attempt = tonumber(ARGV[1])
-if attempt > current then
-  redis.call('SET', KEYS[1], attempt, 'PX', ARGV[2])
-  return attempt
-end
-return current
-"""
 
 
 def stream_key(job_id: str) -> str:
@@ -160,7 +125,7 @@ def _finite(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _pending(step: int, seq: int, data: dict[str, Any]) -> Pending:
-    return f"{step}-{seq}", json.dumps(_finite(data))
+    return EntryId(step, seq), json.dumps(_finite(data))
 
 
 def step_entries(points: Iterable[StepMetrics]) -> list[Pending]:
@@ -190,11 +155,11 @@ def write(
     `vouched`: the caller holds the database's word for this attempt (it just claimed the
     job, or the job just ended there), so a missing fence counts as none; otherwise a
     missing fence refuses the write (UNFENCED)."""
-    script = r.register_script(_WRITE_LUA)
+    script = r.register_script(WRITE)
     ttls = [LIVE_TTL_S * 1000, FINISHED_TTL_S * 1000]
     args: list[str | int] = [attempt, maxlen, *ttls, 1 if vouched else 0]
     for entry_id, data in entries:
-        args += [entry_id, data]
+        args += [str(entry_id), data]
     added: Any = script(keys=job_keys(job_id), args=args)
     codes = {-1: Outcome.SUPERSEDED, -2: Outcome.ENDED, -3: Outcome.UNFENCED}
     return codes.get(int(added), Outcome.WRITTEN)
@@ -202,7 +167,7 @@ def write(
 
 def raise_fence(r: Redis, job_id: str, attempt: int) -> int:
     """Set the fence to `attempt` unless it is higher already; the fence as it is now."""
-    script = r.register_script(_RAISE_LUA)
+    script = r.register_script(RAISE_FENCE)
     now: Any = script(keys=[attempt_key(job_id)], args=[attempt, LIVE_TTL_S * 1000])
     return int(now)
 
@@ -259,7 +224,7 @@ class Publisher:
         excess = len(self.waiting) - self.maxlen
         if excess <= 0:
             return
-        start = self.waiting.popleft() if seq_of(self.waiting[0][0]) == START else None
+        start = self.waiting.popleft() if self.waiting[0][0].seq == START else None
         for _ in range(excess):
             self.waiting.popleft()
         if start is not None:  # the start rewinds what an earlier attempt left: it stays
@@ -311,7 +276,7 @@ class Publisher:
         if state is None or state[0] != self.attempt:
             return False
         status = state[1]
-        ending = any(seq_of(entry_id) == END for entry_id, _ in self.waiting)
+        ending = any(entry_id.seq == END for entry_id, _ in self.waiting)
         return status is JobStatus.running or (status.terminal and ending)
 
     def failed(self, e: Exception) -> None:
@@ -358,20 +323,20 @@ def parse_entries(raw: Any) -> list[Entry]:
     for entry_id, fields in raw or []:
         eid = _text(entry_id)
         data = fields.get(b"data") or fields.get("data")
-        out.append((eid, KIND[seq_of(eid)], json.loads(data)))
+        out.append((eid, KIND[EntryId.parse(eid).seq], json.loads(data)))
     return out
 
 
-def read(r: Redis, job_id: str, after: str | None, count: int) -> list[Entry]:
-    """Entries after stream id `after` (exclusive)."""
-    start = "-" if after is None else f"({after}"
+def read(r: Redis, job_id: str, after: EntryId | None, count: int) -> list[Entry]:
+    """Entries after `after` (from the first with None)."""
+    start = "-" if after is None else after.exclusive()
     raw: Any = r.xrange(stream_key(job_id), min=start, max="+", count=count)
     return parse_entries(raw)
 
 
-async def aread(ar: AsyncRedis, job_id: str, after: str | None, count: int) -> list[Entry]:
+async def aread(ar: AsyncRedis, job_id: str, after: EntryId | None, count: int) -> list[Entry]:
     """`read` with the asyncio client."""
-    start = "-" if after is None else f"({after}"
+    start = "-" if after is None else after.exclusive()
     raw: Any = await ar.xrange(stream_key(job_id), min=start, max="+", count=count)
     return parse_entries(raw)
 
@@ -379,16 +344,17 @@ async def aread(ar: AsyncRedis, job_id: str, after: str | None, count: int) -> l
 def latest_step(r: Redis, job_id: str) -> int:
     """The last step the stream has seen (0 if none)."""
     raw: Any = r.xrevrange(stream_key(job_id), count=1)
-    return step_of(_text(raw[0][0])) if raw else 0
+    return EntryId.parse(_text(raw[0][0])).step if raw else 0
 
 
 def _text(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
+# Kept for callers that still split entry ids by these names; EntryId.parse is the parser.
 def step_of(entry_id: str) -> int:
-    return int(entry_id.split("-")[0])
+    return EntryId.parse(entry_id).step
 
 
 def seq_of(entry_id: str) -> int:
-    return int(entry_id.split("-")[1])
+    return EntryId.parse(entry_id).seq

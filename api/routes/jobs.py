@@ -35,7 +35,7 @@ from core.store import (
     spec_hash,
     step_rows,
 )
-from core.stream import STEP, aread, ask_to_stop, latest_step, publish_status
+from core.stream import STEP, EntryId, aread, ask_to_stop, latest_step, publish_status
 
 log = logging.getLogger("trainq.api")
 
@@ -226,7 +226,7 @@ async def get_metrics(
     cursor = items[-1]["step"] if items else after
     if len(items) < limit:
         # Newer steps than the database holds: the live stream (steps only, in order).
-        live = await aread(ar, str(job_id), f"{cursor}-{STEP}", count=2 * (limit - len(items)))
+        live = await aread(ar, str(job_id), EntryId(cursor, STEP), count=2 * (limit - len(items)))
         for _, kind, data in live:
             if kind != "step":
                 continue

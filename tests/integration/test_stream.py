@@ -20,6 +20,8 @@ from core.store import claim_job, create_job, end_job, requeue_job
 from core.stream import (
     FINISHED_TTL_S,
     LIVE_TTL_S,
+    EntryId,
+    InvalidEntryId,
     Outcome,
     Publisher,
     ask_to_stop,
@@ -72,6 +74,16 @@ def job() -> str:
 
 def ids(r: Redis, job_id: str) -> list[str]:
     return [entry_id for entry_id, _, _ in read(r, job_id, None, 100_000)]
+
+
+def test_an_entry_id_reads_back_as_written_and_junk_is_refused() -> None:
+    assert str(EntryId(12, 3)) == "12-3" and EntryId.parse("12-3") == EntryId(12, 3)
+    assert EntryId.parse("007-0") == EntryId(7, 0)
+    assert EntryId(2, 0) < EntryId(2, 1) < EntryId(3, 0)
+    assert EntryId(5, 1).exclusive() == "(5-1"
+    for junk in ("", "1", "1-", "-1", "1-10", "1-a", "1_0", "1-0\n", " 1-0", "1234567890-0"):
+        with pytest.raises(InvalidEntryId):
+            EntryId.parse(junk)
 
 
 def test_an_entry_written_twice_is_skipped_not_an_error(r: Redis, job: str) -> None:
@@ -191,7 +203,7 @@ def test_the_backlog_is_bounded_by_the_streams_length(r: Redis, job: str) -> Non
     for first in range(1, 3000, 100):
         pub.add(step_entries(points(first, first + 99)))
     assert len(pub.waiting) == 1000
-    assert pub.waiting[0][0] == "0-2" and pub.waiting[1][0] == "2002-0"
+    assert pub.waiting[0][0] == EntryId(0, 2) and pub.waiting[1][0] == EntryId(2002, 0)
     assert pub.flush()
     assert ids(r, job)[:2] == ["0-2", "2002-0"]
 

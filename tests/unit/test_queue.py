@@ -1,4 +1,4 @@
-"""The queue contract (core.queue.contract_violation) on payloads as RQ's JSON serializer
+"""The queue contract (core.queue_entries.contract_violation) on payloads as RQ's JSON serializer
 writes them."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from rq.serializers import JSONSerializer
 
-from core.queue import MAX_PAYLOAD_BYTES, TASK, QueueEntry, contract_violation, inflate
+from core.queue import MAX_PAYLOAD_BYTES, TASK
+from core.queue_entries import QueueEntry, contract_violation, inflate
 
 JOB = str(uuid.uuid4())
 

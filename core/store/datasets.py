@@ -1,0 +1,61 @@
+"""Uploaded data sets (POST /datasets): immutable once stored."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.db import UserDataset
+
+
+def create_dataset(
+    s: Session,
+    *,
+    dataset_id: str,
+    owner: str | None,
+    name: str,
+    npz: bytes,
+    sha256: str,
+    image_shape: Sequence[int],
+    num_classes: int,
+    train_count: int,
+    test_count: int,
+) -> UserDataset:
+    ds = UserDataset(
+        id=dataset_id,
+        owner=owner,
+        name=name,
+        sha256=sha256,
+        size=len(npz),
+        image_shape=list(image_shape),
+        num_classes=num_classes,
+        train_count=train_count,
+        test_count=test_count,
+        data=npz,
+    )
+    s.add(ds)
+    s.flush()
+    return ds
+
+
+def get_dataset(s: Session, *, dataset_id: str) -> UserDataset | None:
+    """The metadata; `.data` (the .npz) loads on first access."""
+    return s.get(UserDataset, dataset_id)
+
+
+def list_datasets(s: Session, *, owner: str | None, all_owners: bool) -> Sequence[UserDataset]:
+    """Newest first, without their data."""
+    q = select(UserDataset)
+    if not all_owners:
+        q = q.where(UserDataset.owner == owner)
+    return s.scalars(q.order_by(UserDataset.created_at.desc(), UserDataset.id.desc())).all()
+
+
+def dataset_data(s: Session, *, dataset_id: str) -> tuple[str, bytes] | None:
+    """(sha256, canonical .npz bytes) of a stored data set."""
+    row = s.execute(
+        select(UserDataset.sha256, UserDataset.data).where(UserDataset.id == dataset_id)
+    ).first()
+    return None if row is None else (row[0], row[1])

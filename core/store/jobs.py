@@ -1,0 +1,293 @@
+"""The job row: creating and finding jobs, and every move of its status. A terminal status
+never reverts: every transition is a guarded UPDATE."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Update, bindparam, insert, or_, select, update
+from sqlalchemy.engine import Row
+from sqlalchemy.orm import Session
+
+from core.db import DbTime, Job, db_now, utcnow
+from core.errors import JobSuperseded
+from core.spec import TERMINAL, JobSpec, JobStatus
+
+
+def spec_hash(spec: Any) -> str:
+    """sha256 of the canonical JSON of a spec (validated or, from the queue, raw)."""
+    if isinstance(spec, JobSpec):
+        spec = spec.model_dump(mode="json")
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create_job(
+    s: Session,
+    *,
+    job_id: str,
+    spec: JobSpec | dict[str, Any],
+    owner: str | None,
+    idempotency_key: str | None = None,
+    queue_entry: str | None = None,
+) -> Job:
+    """A queued job. `spec` is raw JSON only for a job that came straight from the queue with
+    a spec that did not validate: it is kept as sent, and the job is failed at once."""
+    job = new_job(job_id=job_id, spec=spec, owner=owner, idempotency_key=idempotency_key)
+    if queue_entry is not None:
+        job.queue_entry = queue_entry
+    s.add(job)
+    s.flush()
+    return job
+
+
+def new_job(
+    *, job_id: str, spec: JobSpec | dict[str, Any], owner: str | None, idempotency_key: str | None
+) -> Job:
+    """A queued job, not yet in any session (create_job, or insert_jobs for many). Its
+    enqueued_at is the database's clock at the insert (the column's default)."""
+    return Job(
+        id=job_id,
+        owner=owner,
+        status=JobStatus.queued,
+        spec=spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec,
+        idempotency_key=idempotency_key,
+        request_hash=spec_hash(spec),
+        created_at=utcnow(),
+        attempt=0,
+        preemptions=0,
+        queue_entry=job_id,
+        progress_step=0,
+        progress_epoch=0,
+        cancel_requested=False,
+    )
+
+
+def insert_jobs(s: Session, *, jobs: Sequence[Job]) -> None:
+    """Insert new jobs (from new_job) in one statement; the objects stay outside the session.
+    Much cheaper than the ORM's unit of work for a batch of submissions."""
+    columns = [c.key for c in Job.__table__.columns]
+    rows = [{k: job.__dict__[k] for k in columns if k in job.__dict__} for job in jobs]
+    s.execute(insert(Job), rows)
+
+
+def get_job(s: Session, *, job_id: str) -> Job | None:
+    return s.get(Job, job_id)
+
+
+def find_by_idempotency_key(s: Session, *, owner: str | None, key: str) -> Job | None:
+    return s.scalars(
+        select(Job)
+        .where(Job.owner.is_(owner) if owner is None else Job.owner == owner)
+        .where(Job.idempotency_key == key)
+    ).first()
+
+
+def list_jobs(
+    s: Session,
+    *,
+    owner: str | None,
+    all_owners: bool,
+    status: JobStatus | None,
+    before: tuple[str, str] | None,
+    limit: int,
+) -> Sequence[Job]:
+    """Newest first. `before` is the (created_at iso, id) of the last job of the previous page."""
+    q = select(Job)
+    if not all_owners:
+        q = q.where(Job.owner == owner)
+    if status is not None:
+        q = q.where(Job.status == status)
+    if before is not None:
+        created, last_id = before
+        ts = dt.datetime.fromisoformat(created)
+        q = q.where((Job.created_at < ts) | ((Job.created_at == ts) & (Job.id < last_id)))
+    q = q.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+    return s.scalars(q).all()
+
+
+# Built once: executed on the session's connection, the most polled read skips the ORM and
+# most of the statement compilation.
+_JOB_ACCESS = select(Job.owner, Job.status).where(Job.id == bindparam("job_id"))
+
+
+def job_access(s: Session, *, job_id: str) -> Row[str | None, str] | None:
+    """A job's owner and status (what a cheap access check needs), or None."""
+    return s.connection().execute(_JOB_ACCESS, {"job_id": job_id}).one_or_none()
+
+
+def updated(s: Session, statement: Update) -> bool:
+    """Run a guarded UPDATE; True if its guard held (it changed the row)."""
+    res = s.execute(statement)
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def running_attempt(job_id: str, attempt: int) -> Update:
+    """An UPDATE of the job row that holds only while `attempt` still runs the job."""
+    return update(Job).where(
+        Job.id == job_id, Job.attempt == attempt, Job.status == JobStatus.running
+    )
+
+
+def requeued(queue_entry: str, preempted: bool) -> dict[str, Any]:
+    """The values of a running job handed back to the queue under a new entry; `preempted`
+    counts it as a preemption, not a restart."""
+    return {
+        "status": JobStatus.queued,
+        "worker": None,
+        "queue_entry": queue_entry,
+        "enqueued_at": db_now(),
+        "preemptions": Job.preemptions + int(preempted),
+    }
+
+
+def claim_job(
+    s: Session, *, job_id: str, worker: str, device: str, queue_entry: str | None = None
+) -> Job | None:
+    """queued -> running, attempt + 1. None if the job is not queued: canceled before it
+    started, already running elsewhere or finished (a duplicate delivery runs nothing).
+
+    `queue_entry`, the entry a worker runs: the claim holds only if the row names it (every
+    enqueue records its entry first), so an entry made up in Redis claims nothing. A row of
+    an older trainq with no entry recorded accepts only the job's own id. Without it (no
+    queue involved), no entry is checked."""
+    q = update(Job).where(Job.id == job_id, Job.status == JobStatus.queued)
+    if queue_entry is not None:
+        named = Job.queue_entry == queue_entry
+        q = q.where(or_(named, Job.queue_entry.is_(None)) if queue_entry == job_id else named)
+    claimed = updated(
+        s,
+        q.values(
+            status=JobStatus.running,
+            attempt=Job.attempt + 1,
+            worker=worker,
+            device=device,
+            started_at=db_now(),
+            heartbeat_at=db_now(),
+        ),
+    )
+    if not claimed:
+        return None
+    job = s.get(Job, job_id)
+    if job is not None:
+        s.refresh(job)
+    return job
+
+
+def fence(s: Session, job_id: str, attempt: int, **values: Any) -> None:
+    """Every write of a running attempt goes through here, first: it proves the attempt
+    still owns the job (and beats its heartbeat), or raises JobSuperseded. Being first, it
+    takes the job row's lock (PostgreSQL; on SQLite the transaction holds the write lock
+    from BEGIN IMMEDIATE): a reconciler's requeue or end of the job waits for the commit,
+    then checks the heartbeat again."""
+    if not updated(s, running_attempt(job_id, attempt).values(heartbeat_at=db_now(), **values)):
+        raise JobSuperseded(f"attempt {attempt} of job {job_id} no longer owns it")
+
+
+def heartbeat(s: Session, *, job_id: str, attempt: int) -> bool:
+    """Beat, and say whether a cancel was asked for (the database's word, for when Redis is
+    away)."""
+    fence(s, job_id, attempt)
+    return bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+
+
+def record_stop_request(s: Session, *, job_id: str, attempt: int) -> None:
+    """The attempt's worker was asked to stop (worker.reconciler counts its loss, should it
+    die before it hands the job back, as a preemption). Not a heartbeat: a stalled attempt
+    stays silent."""
+    s.execute(running_attempt(job_id, attempt).values(stop_requested_attempt=attempt))
+
+
+def set_total_steps(s: Session, *, job_id: str, attempt: int, total_steps: int) -> None:
+    fence(s, job_id, attempt, total_steps=total_steps)
+
+
+def end_job(
+    s: Session,
+    *,
+    job_id: str,
+    status: JobStatus,
+    code: str | None = None,
+    message: str | None = None,
+    from_statuses: Sequence[JobStatus] = (JobStatus.queued, JobStatus.running),
+    attempt: int | None = None,
+    silent_since: DbTime | None = None,
+) -> bool:
+    """Move a job to a terminal status unless it already is in one (or, with `attempt`,
+    unless another attempt owns it now; with `silent_since`, unless it beat since then: a
+    lost job seen in a stale read). True if it moved."""
+    if status not in TERMINAL:
+        raise ValueError(f"{status} is not a terminal status")
+    q = update(Job).where(Job.id == job_id, Job.status.in_(list(from_statuses)))
+    if attempt is not None:
+        q = q.where(Job.attempt == attempt)
+    if silent_since is not None:
+        q = q.where(Job.heartbeat_at < silent_since)
+    return updated(
+        s, q.values(status=status, error_code=code, error_message=message, finished_at=db_now())
+    )
+
+
+def lost_jobs(s: Session, *, silent_since: DbTime) -> Sequence[Job]:
+    """Running jobs whose training loop has not written a heartbeat since `silent_since`
+    (the reconciler's: db_ago(heartbeat timeout))."""
+    return s.scalars(
+        select(Job).where(Job.status == JobStatus.running, Job.heartbeat_at < silent_since)
+    ).all()
+
+
+def requeue_job(
+    s: Session,
+    *,
+    job_id: str,
+    attempt: int,
+    queue_entry: str,
+    silent_since: DbTime,
+    preempted: bool = False,
+) -> bool:
+    """A lost attempt's job goes back to queued (it resumes from its last checkpoint). Only
+    one reconciler wins: the update is guarded by the attempt it saw, and by the attempt
+    still being silent since `silent_since` (one that beat after the read is alive).
+    `preempted`: its worker had been asked to stop, so the loss counts as a preemption."""
+    silent = running_attempt(job_id, attempt).where(Job.heartbeat_at < silent_since)
+    return updated(s, silent.values(**requeued(queue_entry, preempted)))
+
+
+def stale_queued_jobs(s: Session, *, enqueued_before: DbTime) -> Sequence[Job]:
+    return s.scalars(
+        select(Job).where(Job.status == JobStatus.queued, Job.enqueued_at < enqueued_before)
+    ).all()
+
+
+def set_queue_entry(s: Session, *, job_id: str, queue_entry: str, seen: str | None) -> bool:
+    return updated(
+        s,
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued, Job.queue_entry == seen)
+        .values(queue_entry=queue_entry, enqueued_at=db_now()),
+    )
+
+
+def request_cancel(s: Session, *, job_id: str) -> JobStatus | None:
+    """queued -> canceled at once; running -> flagged (the worker stops within a few steps).
+    Returns the status after the call, or None if the job had already ended."""
+    if end_job(
+        s,
+        job_id=job_id,
+        status=JobStatus.canceled,
+        code="canceled",
+        message="canceled before it started",
+        from_statuses=(JobStatus.queued,),
+    ):
+        return JobStatus.canceled
+    flagged = updated(
+        s,
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.running)
+        .values(cancel_requested=True),
+    )
+    return JobStatus.running if flagged else None

@@ -1,0 +1,157 @@
+"""What a job's attempts leave: per-step and per-epoch metrics, the checkpoint it resumes
+from, and the model. Each write of an attempt is fenced (core.store.jobs): an attempt that
+no longer owns its job writes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import bindparam, delete, insert, select
+from sqlalchemy.orm import Session
+
+from core.db import Artifact, Checkpoint, EpochMetric, StepMetric, db_now
+from core.spec import JobStatus
+from core.store.jobs import fence, requeued, running_attempt, updated
+
+if TYPE_CHECKING:
+    from core.train import EpochMetrics, StepMetrics
+
+
+def save_epoch(
+    s: Session,
+    *,
+    job_id: str,
+    attempt: int,
+    epoch: EpochMetrics,
+    steps: Sequence[StepMetrics],
+    checkpoint: bytes | None,
+) -> None:
+    """One transaction per epoch: its step history, its metrics and its checkpoint. A re-run
+    of an epoch (after a resume) replaces what an earlier attempt wrote, never duplicates."""
+    fence(s, job_id, attempt, progress_step=epoch.step, progress_epoch=epoch.epoch)
+    _replace_steps(s, job_id, steps[0].step if steps else epoch.step + 1, steps)
+    s.execute(
+        delete(EpochMetric).where(EpochMetric.job_id == job_id, EpochMetric.epoch >= epoch.epoch)
+    )
+    s.add(EpochMetric(job_id=job_id, **asdict(epoch)))
+    if checkpoint is not None:
+        _replace_checkpoint(s, job_id, epoch.epoch, epoch.step, checkpoint)
+    s.flush()
+    # A big checkpoint on a slow disk may take longer than the heartbeat timeout, while the
+    # heartbeat thread waits for the lock this transaction holds: beat again at the end, so
+    # that a reconciler waiting on the lock finds the attempt alive.
+    fence(s, job_id, attempt)
+
+
+def save_steps(s: Session, *, job_id: str, attempt: int, steps: Sequence[StepMetrics]) -> None:
+    """Steps after the last epoch boundary (a stop mid-epoch): kept for the history."""
+    if not steps:
+        return
+    fence(s, job_id, attempt, progress_step=steps[-1].step)
+    _replace_steps(s, job_id, steps[0].step, steps)
+
+
+def preempt_job(
+    s: Session,
+    *,
+    job_id: str,
+    attempt: int,
+    epoch: int,
+    step: int,
+    steps: Sequence[StepMetrics],
+    checkpoint: bytes,
+    queue_entry: str,
+) -> bool:
+    """A running attempt whose worker is stopping hands its job back: running -> queued, in
+    one transaction with its mid-epoch checkpoint and its steps since the last epoch. It is
+    a preemption, not a restart. False if the attempt no longer owns the job."""
+    handed_back = running_attempt(job_id, attempt).values(
+        **requeued(queue_entry, preempted=True), progress_step=step
+    )
+    if not updated(s, handed_back):
+        return False
+    _replace_steps(s, job_id, steps[0].step if steps else step + 1, steps)
+    _replace_checkpoint(s, job_id, epoch, step, checkpoint)
+    return True
+
+
+def succeed_job(
+    s: Session,
+    *,
+    job_id: str,
+    attempt: int,
+    result: dict[str, Any],
+    record: dict[str, Any],
+    model: bytes,
+    sha256: str,
+) -> bool:
+    """running -> succeeded with its result, run record and model; the checkpoint goes.
+    False if the attempt no longer owns the job."""
+    succeeded = running_attempt(job_id, attempt).values(
+        status=JobStatus.succeeded,
+        result=result,
+        record=record,
+        finished_at=db_now(),
+        error_code=None,
+        error_message=None,
+    )
+    if not updated(s, succeeded):
+        return False
+    s.execute(delete(Artifact).where(Artifact.job_id == job_id))
+    s.add(Artifact(job_id=job_id, data=model, sha256=sha256, size=len(model)))
+    s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
+    return True
+
+
+def _replace_steps(s: Session, job_id: str, first: int, steps: Sequence[StepMetrics]) -> None:
+    """Steps from `first` on are replaced (an attempt re-running them), never duplicated."""
+    s.execute(delete(StepMetric).where(StepMetric.job_id == job_id, StepMetric.step >= first))
+    if steps:
+        s.execute(insert(StepMetric), [{"job_id": job_id, **asdict(p)} for p in steps])
+
+
+def _replace_checkpoint(s: Session, job_id: str, epoch: int, step: int, data: bytes) -> None:
+    """A job keeps one checkpoint: its latest."""
+    s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
+    s.add(Checkpoint(job_id=job_id, epoch=epoch, step=step, data=data))
+
+
+def latest_checkpoint(s: Session, *, job_id: str) -> Checkpoint | None:
+    return s.get(Checkpoint, job_id)
+
+
+def epoch_metrics(s: Session, *, job_id: str) -> Sequence[EpochMetric]:
+    return s.scalars(
+        select(EpochMetric).where(EpochMetric.job_id == job_id).order_by(EpochMetric.epoch)
+    ).all()
+
+
+# Built once: executed on the session's connection, the most polled read (GET
+# /jobs/{id}/metrics, the SSE catch-up) skips the ORM and most of the statement compilation.
+_STEP_ROWS = (
+    select(*[c for c in StepMetric.__table__.columns if c.key != "job_id"])
+    .where(StepMetric.job_id == bindparam("job_id"), StepMetric.step > bindparam("after"))
+    .order_by(StepMetric.step)
+    .limit(bindparam("limit"))
+)
+
+
+def step_rows(s: Session, *, job_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+    """step_metrics as plain dicts (for pages served as they are: no ORM objects)."""
+    rows = s.connection().execute(_STEP_ROWS, {"job_id": job_id, "after": after, "limit": limit})
+    return [dict(row._mapping) for row in rows]
+
+
+def step_metrics(s: Session, *, job_id: str, after: int, limit: int) -> Sequence[StepMetric]:
+    return s.scalars(
+        select(StepMetric)
+        .where(StepMetric.job_id == job_id, StepMetric.step > after)
+        .order_by(StepMetric.step)
+        .limit(limit)
+    ).all()
+
+
+def get_artifact(s: Session, *, job_id: str) -> Artifact | None:
+    return s.get(Artifact, job_id)
