@@ -37,20 +37,11 @@ fill its memory:
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
-
-if TYPE_CHECKING:  # the names __getattr__ (at the end) still hands out from here
-    from core.queue_entries import QueueEntry as QueueEntry
-    from core.queue_entries import UnreadableEntry as UnreadableEntry
-    from core.queue_entries import contract_violation as contract_violation
-    from core.queue_entries import entry_is_live as entry_is_live
-    from core.queue_entries import inflate as inflate
-    from core.queue_entries import read_entry as read_entry
-    from core.queue_entries import stop_entry as stop_entry
 
 TASK = "worker.tasks.train"
 RESULT_TTL_S = 3600
@@ -133,22 +124,3 @@ def _payload(spec: dict[str, Any], owner: str | None, via: str | None = None) ->
 
 # The worker's reading side moved to core.queue_entries; these names stay importable from
 # here, loaded only when asked for, until every caller imports them from there.
-_MOVED = frozenset(
-    {
-        "QueueEntry",
-        "UnreadableEntry",
-        "contract_violation",
-        "entry_is_live",
-        "inflate",
-        "read_entry",
-        "stop_entry",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from core import queue_entries
-
-    return getattr(queue_entries, name)

@@ -349,12 +349,3 @@ def latest_step(r: Redis, job_id: str) -> int:
 
 def _text(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
-
-
-# Kept for callers that still split entry ids by these names; EntryId.parse is the parser.
-def step_of(entry_id: str) -> int:
-    return EntryId.parse(entry_id).step
-
-
-def seq_of(entry_id: str) -> int:
-    return EntryId.parse(entry_id).seq

@@ -32,7 +32,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from core.config import Settings
 from core.db import Database, DbTime, Job, as_utc, db_ago
 from core.local.redis_server import connect
-from core.queue import enqueue_job, entry_is_live, stop_entry
+from core.queue import enqueue_job
+from core.queue_entries import entry_is_live, stop_entry
 from core.spec import JobStatus
 from core.store import end_job, lost_jobs, requeue_job, set_queue_entry, stale_queued_jobs
 from core.stream import publish_status

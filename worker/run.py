@@ -36,7 +36,7 @@ from rq.utils import now
 from core.config import Settings
 from core.local.redis_server import READ_TIMEOUT_S, connect, use_read_timeout
 from core.logs import configure_json_logging
-from core.queue import contract_violation
+from core.queue_entries import contract_violation
 
 # worker.entries imports the job function and all it imports: ready in each fork.
 from worker.entries import TrainqJob, TrainqQueue, drop_junk_ids, queue_entry

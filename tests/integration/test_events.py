@@ -21,7 +21,7 @@ from client.http import Client
 from core.db import Database
 from core.spec import JobStatus
 from core.store import claim_job, end_job
-from core.stream import publish_steps, stream_key
+from core.stream import EntryId, publish_steps, stream_key
 from core.train import StepMetrics
 from tests.recovery import FAST_RECOVERY, SPEC, STEPS
 from tests.service import RedisServer, Service, kill_group, wait_until
@@ -109,7 +109,7 @@ def last_status(events: list[dict[str, Any]]) -> str:
 
 
 def end_step(events: list[dict[str, Any]]) -> int:
-    return int(events[-1]["id"].split("-")[0])
+    return EntryId.parse(events[-1]["id"]).step
 
 
 def job_now(c: Client, job_id: str) -> dict[str, Any]:

@@ -25,10 +25,9 @@ from core.store import (
 )
 from core.stream import (
     END,
+    EntryId,
     publish_status,
     read,
-    seq_of,
-    step_of,
 )
 from tests.job_life.attempt import (
     STEPS_PER_EPOCH,
@@ -193,12 +192,14 @@ class JobLife(JobModel):
     @invariant()
     def stream_holds_the_model(self) -> None:
         entries = read(self.w.r, self.job_id, None, 10_000)
-        ends = [i for i, (eid, _, _) in enumerate(entries) if seq_of(eid) == END]
+        ends = [i for i, (eid, _, _) in enumerate(entries) if EntryId.parse(eid).seq == END]
         assert not ends or ends[0] == len(entries) - 1, f"written after the end: {entries}"
         # Every follower closes: the stream of an ended job holds its end.
         assert self.stream_ended == self.status.terminal
         assert bool(ends) == self.stream_ended, f"{self.status}, ends at {ends}"
-        streamed = {step_of(eid): int(d["loss"]) for eid, kind, d in entries if kind == "step"}
+        streamed = {
+            EntryId.parse(eid).step: int(d["loss"]) for eid, kind, d in entries if kind == "step"
+        }
         assert streamed == self.streamed
         # The stored steps and the streamed ones are the same writes, where both hold one.
         assert all(self.streamed[k] == v for k, v in self.stored.items() if k in self.streamed)
