@@ -37,6 +37,7 @@ from core.store import (
     save_epoch,
 )
 from core.train import EpochMetrics
+from tests.db import running_job
 from tests.service import RedisServer, wait_until
 from worker.reconciler import Report, handle_lost, reconcile_once
 
@@ -46,11 +47,8 @@ QUEUE = f"trainq-test-{uuid.uuid4().hex[:8]}"  # requeued jobs go here, to no wo
 
 def silent_running_job(db: Database, max_restarts: int = 2) -> Job:
     """A running attempt last heard of a minute ago, as a reconciler reads it."""
-    job_id = str(uuid.uuid4())
+    job_id = running_job(db, worker="gpu-host-7-gpu0-4242", max_restarts=max_restarts)
     with db.writer() as s:
-        create_job(s, job_id=job_id, spec=JobSpec(max_restarts=max_restarts), owner="o")
-    with db.writer() as s:
-        claim_job(s, job_id=job_id, worker="gpu-host-7-gpu0-4242", device="cpu")
         s.execute(
             update(Job)
             .where(Job.id == job_id)
@@ -154,11 +152,7 @@ def clock_off(seconds: float) -> Iterator[None]:
 
 def beating_job(db: Database, max_restarts: int = 2) -> str:
     """A job claimed, and beaten for, by a worker on this host (its clock as it is now)."""
-    job_id = str(uuid.uuid4())
-    with db.writer() as s:
-        create_job(s, job_id=job_id, spec=JobSpec(max_restarts=max_restarts), owner="o")
-    with db.writer() as s:
-        claim_job(s, job_id=job_id, worker="w", device="cpu")
+    job_id = running_job(db, worker="w", max_restarts=max_restarts)
     with db.writer() as s:
         heartbeat(s, job_id=job_id, attempt=1)
     return job_id
@@ -185,6 +179,19 @@ def test_an_attempt_beating_on_a_slow_clock_is_not_lost(
     assert status_of(db, job_id) == (JobStatus.running, 1, 0)
 
 
+def wait_reconciled(
+    db: Database, redis_server: RedisServer, settings: Settings, job_id: str, outcome: str
+) -> None:
+    """Reconcile until a pass reports `job_id` among its `outcome` (a Report field)."""
+    with redis_server.client() as r:
+        wait_until(
+            lambda: job_id in getattr(reconcile_once(db, r, settings), outcome),
+            20,
+            f"the job to be {outcome}",
+            0.2,
+        )
+
+
 def test_a_dead_worker_on_a_fast_clock_is_still_lost(
     db: Database, redis_server: RedisServer
 ) -> None:
@@ -192,13 +199,7 @@ def test_a_dead_worker_on_a_fast_clock_is_still_lost(
     with clock_off(120):
         job_id = beating_job(db)
     settings = Settings(heartbeat_timeout_s=1, queue=QUEUE)
-    with redis_server.client() as r:
-        wait_until(
-            lambda: job_id in reconcile_once(db, r, settings).requeued,
-            20,
-            "the dead attempt to be requeued",
-            0.2,
-        )
+    wait_reconciled(db, redis_server, settings, job_id, "requeued")
     assert status_of(db, job_id) == (JobStatus.queued, 1, 0)
 
 
@@ -210,13 +211,7 @@ def test_a_job_written_on_a_fast_clock_and_never_enqueued_is_enqueued(
     with clock_off(120), db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec(), owner="o")
     settings = Settings(queue_grace_s=1, queue=QUEUE)
-    with redis_server.client() as r:
-        wait_until(
-            lambda: job_id in reconcile_once(db, r, settings).reenqueued,
-            20,
-            "the job to be enqueued",
-            0.2,
-        )
+    wait_reconciled(db, redis_server, settings, job_id, "reenqueued")
 
 
 def waiting_on_a_lock(db: Database) -> bool:
