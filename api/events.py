@@ -72,7 +72,7 @@ def _last_needed(key: EntryId) -> int:
 def _batch(raw: Any) -> Batch:
     batch: Batch = []
     for eid, kind, data in parse_entries(raw):
-        key = EntryId.parse(eid)
+        key = EntryId.of_stream(eid)
         batch.append((key, sse(key, kind, {"type": kind, **_for_every_key(kind, data)})))
     return batch
 

@@ -77,6 +77,13 @@ class EntryId(NamedTuple):
             raise InvalidEntryId(f"{text[:40]!r} is not a stream entry id <step>-<seq>")
         return cls(int(match[1]), int(match[2]))
 
+    @classmethod
+    def of_stream(cls, text: str) -> EntryId:
+        """An id as Redis returned it: always two integers, read as they are. A client's
+        id is held to `parse`'s bounds; one in the stream is whatever its writer chose."""
+        step, seq = text.split("-")
+        return cls(int(step), int(seq))
+
     def exclusive(self) -> str:
         """The XRANGE bound that starts after this entry."""
         return f"({self}"
@@ -323,7 +330,7 @@ def parse_entries(raw: Any) -> list[Entry]:
     for entry_id, fields in raw or []:
         eid = _text(entry_id)
         data = fields.get(b"data") or fields.get("data")
-        out.append((eid, KIND[EntryId.parse(eid).seq], json.loads(data)))
+        out.append((eid, KIND[EntryId.of_stream(eid).seq], json.loads(data)))
     return out
 
 
@@ -344,7 +351,7 @@ async def aread(ar: AsyncRedis, job_id: str, after: EntryId | None, count: int) 
 def latest_step(r: Redis, job_id: str) -> int:
     """The last step the stream has seen (0 if none)."""
     raw: Any = r.xrevrange(stream_key(job_id), count=1)
-    return EntryId.parse(_text(raw[0][0])).step if raw else 0
+    return EntryId.of_stream(_text(raw[0][0])).step if raw else 0
 
 
 def _text(v: bytes | str) -> str:

@@ -4,7 +4,9 @@ through a Redis that forgot its fences (its proof of ownership from a real datab
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +30,7 @@ from core.stream import (
     attempt_key,
     cancel_key,
     epoch_entry,
+    latest_step,
     publish_status,
     publish_steps,
     read,
@@ -287,3 +290,16 @@ def test_a_publisher_that_cannot_prove_ownership_waits_and_keeps_its_entries(
     assert not r.exists(stream_key(job))
     assert pub.flush(force=True)
     assert ids(r, job) == ["0-2", "1-0", "2-0", "3-0"]
+
+
+def test_an_entry_id_past_any_real_step_is_read_as_redis_holds_it(
+    redis_server: RedisServer,
+) -> None:
+    """Whoever writes to the stream chooses its ids: one past the bounds a client's
+    Last-Event-ID is held to is still read (no 500 from the routes that read the stream)."""
+    job_id = str(uuid.uuid4())
+    point = {f.name: 0 for f in dataclasses.fields(StepMetrics)} | {"step": 1, "loss": 1.0}
+    with redis_server.client() as r:
+        r.xadd(stream_key(job_id), {"data": json.dumps(point)}, id="1000000000-0")
+        assert latest_step(r, job_id) == 1_000_000_000
+        assert [kind for _, kind, _ in read(r, job_id, None, 10)] == ["step"]
