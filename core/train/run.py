@@ -206,11 +206,19 @@ class Run:
         torch.save(state, buf)
         return buf.getvalue()
 
+    def _as_this_optimizer(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """A saved optimizer state with this run's implementation (fused on CUDA, foreach on
+        the CPU), whichever device wrote it: load_state_dict would take the saved flags, and
+        a foreach step handed the fp16 scaler's arguments of a fused one fails."""
+        kinds = {k: self.optimizer.defaults.get(k) for k in ("foreach", "fused")}
+        groups = [{**group, **kinds} for group in saved["param_groups"]]
+        return {**saved, "param_groups": groups}
+
     def load_checkpoint(self, blob: bytes) -> tuple[int, int]:
         """Restore a checkpoint; returns (the epoch to train next, the last step done)."""
         state = torch.load(io.BytesIO(blob), map_location=self.dev, weights_only=True)
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(self._as_this_optimizer(state["optimizer"]))
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["cpu_rng"].cpu())

@@ -13,8 +13,9 @@ import torch
 
 from core.spec import JobSpec
 from core.train import TrainResult, train
-from core.train.data import user_dataset_path
+from core.train.data import load_dataset, user_dataset_path
 from core.train.export import load_torchscript
+from core.train.run import Run
 from tests.conftest import Recorder
 
 REPORTED = ("test_accuracy", "test_loss", "train_loss", "epochs", "steps", "stopped_early")
@@ -85,3 +86,29 @@ def test_a_data_set_of_constant_images_trains(tmp_path: Path) -> None:
     assert result.test_accuracy == 0.75  # the majority class, the best a constant input allows
     out = logits(result, torch.full((2, 1, 8, 8), 200 / 255))
     assert torch.isfinite(out).all() and out.argmax(1).tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_a_checkpoint_resumes_whichever_optimizer_kind_wrote_it(
+    data_dir: Path, optimizer: str
+) -> None:
+    """A foreach optimizer's checkpoint (a CPU worker, or trainq before fused on CUDA)
+    resumed where the run builds a fused one with an fp16 scaler (a CUDA worker), mirrored
+    on the CPU, where fused optimizers and the scaler run too."""
+    spec = JobSpec(epochs=1, batch_size=512, amp="off", optimizer=optimizer, scheduler="none")
+    data = load_dataset(spec.dataset, data_dir)
+    dev = torch.device("cpu")
+    old = Run(spec, dev, None, data)
+    old.scaler = torch.amp.GradScaler("cpu", enabled=True)  # an fp16 run's
+    x, y = next(iter(old.batches.epoch(1)))
+    old.step(x, y)
+    new = Run(spec, dev, None, data)
+    kind = torch.optim.SGD if optimizer == "sgd" else torch.optim.AdamW
+    extra = {"momentum": spec.momentum} if optimizer == "sgd" else {}
+    new.optimizer = kind(new.model.parameters(), lr=spec.lr, fused=True, **extra)
+    new.scheduler = torch.optim.lr_scheduler.LambdaLR(new.optimizer, lambda _: 1.0)
+    new.scaler = torch.amp.GradScaler("cpu", enabled=True)
+    new.load_checkpoint(old.checkpoint(1, 1))
+    loss, _ = new.step(x, y)
+    assert math.isfinite(loss.item())
+    assert new.optimizer.param_groups[0]["fused"]
