@@ -120,7 +120,3 @@ def _payload(spec: dict[str, Any], owner: str | None, via: str | None = None) ->
     if via is not None:
         payload["via"] = via
     return payload
-
-
-# The worker's reading side moved to core.queue_entries; these names stay importable from
-# here, loaded only when asked for, until every caller imports them from there.

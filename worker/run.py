@@ -71,7 +71,7 @@ class TrainqWorker(Worker):
 
     def handle_payload(self, message: dict[str, Any]) -> None:
         """RQ's command channel takes anyone's message who can write to Redis. Only
-        `stop-job` is heard, the one command trainq sends (core.queue.stop_entry, naming the
+        `stop-job` is heard, the one command trainq sends (core.queue_entries.stop_entry, naming the
         entry this worker runs): `shutdown` and `kill-horse` would stop any job or worker
         without the database knowing why. Nothing here raises: an exception ends RQ's
         command thread for good, and stop-job with it."""

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 from torchvision import datasets, transforms
 
-from core.datasets import IDX_NAMES, stratified_split
+from core.datasets import IDX_NAMES
 from core.errors import DatasetNotFound
 from core.files import write_atomic
 from core.spec import user_dataset_id
@@ -168,14 +168,27 @@ def write_mnist_sample(raw: Path) -> None:
     with gzip.open(csv, "rt") as f:
         rows = torch.tensor([[int(v) for v in line.split(",")] for line in f], dtype=torch.uint8)
     images, labels = rows[:, :-1].reshape(-1, 28, 28), rows[:, -1]
-    train, test = (
-        torch.from_numpy(idx)
-        for idx in stratified_split(labels.long().numpy(), SAMPLE_TRAIN_PER_CLASS_FRACTION, 0)
-    )
+    train, test = _sample_split(labels.long(), SAMPLE_TRAIN_PER_CLASS_FRACTION, seed=0)
     raw.mkdir(parents=True, exist_ok=True)
     parts = (images[train], labels[train], images[test], labels[test])
     for name, part in zip(IDX_FILES, parts, strict=True):
         write_idx(raw / name, part)
+
+
+def _sample_split(
+    labels: torch.Tensor, fraction: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sample's own seeded, stratified split, kept apart from the uploads' (numpy's
+    generator) so that every data folder holds the same 4,000 / 1,000 digits it always has."""
+    g = torch.Generator().manual_seed(seed)
+    train, test = [], []
+    for c in labels.unique():
+        idx = (labels == c).nonzero().flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        cut = round(len(idx) * fraction)
+        train.append(idx[:cut])
+        test.append(idx[cut:])
+    return torch.cat(train).sort().values, torch.cat(test).sort().values
 
 
 def write_idx(path: Path, data: torch.Tensor) -> None:

@@ -45,8 +45,8 @@ def train(
     TrainingPreempted, TrainingTimeout, TrainingDiverged, OutOfMemory, ExportMismatch.
     """
     cb = callbacks or Callbacks()
-    started = time.perf_counter()
     dev = resolve_device(device)
+    started = time.perf_counter()
     run, start_epoch, step = _start(spec, dev, data_dir, cb, resume, download)
     limits = Limits(
         total_steps=_total_steps(spec, len(run.batches)),
