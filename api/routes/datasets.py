@@ -103,16 +103,7 @@ def upload_dataset(
     finally:
         slots.release()
     ds = create_dataset(
-        session,
-        dataset_id=str(uuid.uuid4()),
-        owner=caller.owner,
-        name=name,
-        npz=parsed.npz,
-        sha256=parsed.sha256,
-        image_shape=parsed.image_shape,
-        num_classes=parsed.num_classes,
-        train_count=parsed.train_count,
-        test_count=parsed.test_count,
+        session, dataset_id=str(uuid.uuid4()), owner=caller.owner, name=name, parsed=parsed
     )
     session.commit()
     response.headers["Location"] = f"/datasets/{ds.id}"

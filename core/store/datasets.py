@@ -7,33 +7,25 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.datasets import ParsedDataset
 from core.db import UserDataset
 
 
 def create_dataset(
-    s: Session,
-    *,
-    dataset_id: str,
-    owner: str | None,
-    name: str,
-    npz: bytes,
-    sha256: str,
-    image_shape: Sequence[int],
-    num_classes: int,
-    train_count: int,
-    test_count: int,
+    s: Session, *, dataset_id: str, owner: str | None, name: str, parsed: ParsedDataset
 ) -> UserDataset:
+    """The row of an upload that core.uploads checked and made canonical."""
     ds = UserDataset(
         id=dataset_id,
         owner=owner,
         name=name,
-        sha256=sha256,
-        size=len(npz),
-        image_shape=list(image_shape),
-        num_classes=num_classes,
-        train_count=train_count,
-        test_count=test_count,
-        data=npz,
+        sha256=parsed.sha256,
+        size=len(parsed.npz),
+        image_shape=list(parsed.image_shape),
+        num_classes=parsed.num_classes,
+        train_count=parsed.train_count,
+        test_count=parsed.test_count,
+        data=parsed.npz,
     )
     s.add(ds)
     s.flush()

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from client.http import ApiError, Client
+from core.datasets import ParsedDataset
 from core.db import Database
 from core.spec import JobSpec
 from core.store import claim_job, create_dataset, create_job, get_job, save_epoch
@@ -121,18 +122,16 @@ def insert_dataset(svc: Service, x: np.ndarray, y: np.ndarray, n_test: int) -> s
     ds_id = str(uuid.uuid4())
     db = Database(svc.database_url)
     with db.writer() as s:
-        create_dataset(
-            s,
-            dataset_id=ds_id,
-            owner=None,
-            name="stored-without-checks",
+        stored = ParsedDataset(
             npz=blob,
             sha256=hashlib.sha256(blob).hexdigest(),
-            image_shape=list(x.shape[1:]),
+            image_shape=(x.shape[1], x.shape[2], x.shape[3]),
             num_classes=10,
             train_count=len(y) - n_test,
             test_count=n_test,
+            classes=None,
         )
+        create_dataset(s, dataset_id=ds_id, owner=None, name="stored-without-checks", parsed=stored)
     db.dispose()
     return f"ds:{ds_id}"
 

@@ -236,18 +236,7 @@ def stored_dataset(svc: Service, owner: str) -> str:
     ds_id = str(uuid.uuid4())
     db = Database(svc.database_url)
     with db.writer() as s:
-        create_dataset(
-            s,
-            dataset_id=ds_id,
-            owner=owner,
-            name="bob-secret",
-            npz=ds.npz,
-            sha256=ds.sha256,
-            image_shape=ds.image_shape,
-            num_classes=ds.num_classes,
-            train_count=ds.train_count,
-            test_count=ds.test_count,
-        )
+        create_dataset(s, dataset_id=ds_id, owner=owner, name="bob-secret", parsed=ds)
     db.dispose()
     return ds_id
 
