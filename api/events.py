@@ -69,6 +69,14 @@ def _last_needed(key: EntryId) -> int:
     return key.step - 1 if key.seq == STEP else key.step
 
 
+def _top_id(top: Any) -> EntryId:
+    """The id of the one entry in `top` (XREVRANGE's, or a batch's last), or 0-0 for none."""
+    if not top:
+        return EntryId(0, 0)
+    eid = top[0][0]
+    return EntryId.of_stream(eid.decode() if isinstance(eid, bytes) else eid)
+
+
 def _batch(raw: Any) -> Batch:
     batch: Batch = []
     for eid, kind, data in parse_entries(raw):
@@ -109,9 +117,10 @@ class _Feed:
                     {key: str(self.cursor)}, count=500, block=IDLE_BLOCK_MS
                 )
                 if raw:
-                    batch = _batch(raw[0][1])
-                    self.cursor = batch[-1][0]
-                    self._send(batch)
+                    entries = raw[0][1]
+                    self.cursor = _top_id(entries[-1:])  # past skipped entries too
+                    if batch := _batch(entries):
+                        self._send(batch)
                     if self.cursor.seq == END:
                         return
                     if time.monotonic() - asked_db < ENDED_POLL_S:
@@ -209,7 +218,9 @@ class _Follower:
             # Join the live feed first, then read what came before it from Redis: nothing
             # falls between the two, and what both hold is sent once (by entry id).
             top: Any = await self.ar.xrevrange(self.key, count=1)
-            q = self.hub.follow(self.job_id, _batch(top)[0][0] if top else EntryId(0, 0))
+            # The top entry's id as Redis holds it, whatever the entry (one no writer of
+            # ours made is skipped when read, but it still marks where the live feed starts).
+            q = self.hub.follow(self.job_id, _top_id(top))
             try:
                 async for chunk in self._relay(q):
                     yield chunk
@@ -247,13 +258,15 @@ class _Follower:
                     return
 
     async def _stored(self) -> AsyncIterator[Batch]:
+        read_to = self.cursor  # past the entries read, skipped ones included
         while True:
-            raw: Any = await self.ar.xrange(
-                self.key, min=self.cursor.exclusive(), max="+", count=500
-            )
+            start = max(read_to, self.cursor).exclusive()
+            raw: Any = await self.ar.xrange(self.key, min=start, max="+", count=500)
             if not raw:
                 return
-            yield _batch(raw)
+            read_to = _top_id(raw[-1:])
+            if batch := _batch(raw):
+                yield batch
 
     async def _deliver(self, batch: Batch) -> AsyncIterator[str]:
         for key, text in batch:

@@ -10,7 +10,6 @@ from pydantic import BaseModel, Field
 from core.spec import JobStatus
 
 # The database's step columns are 32-bit integers: no cursor past this names a step.
-MAX_STEP = 2**31 - 1
 
 
 class Progress(BaseModel):

@@ -50,8 +50,10 @@ WRITE_BATCH = 1000  # entries per script call: a long backlog must not block Red
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 1.0, 15.0
 
 log = logging.getLogger("trainq.stream")
-# A step fits in 9 digits, far past any run: a longer one is no id this stream wrote.
-_ENTRY_ID = re.compile(r"([0-9]{1,9})-([0-9])")
+# The largest step any route names (a signed 32-bit column): far past any run. An entry
+# past it is no entry a trainq writer made.
+MAX_STEP = 2**31 - 1
+_ENTRY_ID = re.compile(r"([0-9]{1,10})-([0-9])")
 
 
 class InvalidEntryId(ValueError):
@@ -73,7 +75,7 @@ class EntryId(NamedTuple):
     def parse(cls, text: str) -> EntryId:
         """The id `text` spells; InvalidEntryId for anything else."""
         match = _ENTRY_ID.fullmatch(text)
-        if match is None:
+        if match is None or int(match[1]) > MAX_STEP:
             raise InvalidEntryId(f"{text[:40]!r} is not a stream entry id <step>-<seq>")
         return cls(int(match[1]), int(match[2]))
 
@@ -325,12 +327,22 @@ class _Unproven(Exception):
 
 
 def parse_entries(raw: Any) -> list[Entry]:
-    """XRANGE/XREAD entries (bytes or str, as the client returns them) -> (id, kind, data)."""
+    """XRANGE/XREAD entries (bytes or str, as the client returns them) -> (id, kind, data).
+    An entry no trainq writer makes (a kind it does not write, a step past MAX_STEP, data
+    that is no JSON object) is skipped with a log line: whoever wrote it to Redis must not
+    fail the routes and followers that read the stream."""
     out = []
     for entry_id, fields in raw or []:
         eid = _text(entry_id)
-        data = fields.get(b"data") or fields.get("data")
-        out.append((eid, KIND[EntryId.of_stream(eid).seq], json.loads(data)))
+        key = EntryId.of_stream(eid)
+        try:
+            data = json.loads(fields.get(b"data") or fields.get("data"))
+        except (TypeError, ValueError):
+            data = None
+        if key.seq not in KIND or key.step > MAX_STEP or not isinstance(data, dict):
+            log.warning("stream entry %s is none a trainq writer makes: skipped", eid[:40])
+            continue
+        out.append((eid, KIND[key.seq], data))
     return out
 
 

@@ -65,6 +65,10 @@ class WireProxy:
         self._closed = True
         self._open.set()
         if self._listener is not None:
+            # Shut down first: a close alone leaves the socket listening (its port taken)
+            # until the accept blocked on it in the other thread returns.
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 self._listener.close()
         self.cut()

@@ -23,7 +23,7 @@ from api.auth import Caller
 from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, read
 from api.errors import RETRY_AFTER_S
 from api.events import event_stream
-from api.schemas import MAX_STEP, METRIC_FIELDS, EpochOut, JobOut, JobPage, MetricPage, Problem
+from api.schemas import METRIC_FIELDS, EpochOut, JobOut, JobPage, MetricPage, Problem
 from api.submissions import OutcomeUnknown, Submitter
 from core.db import Job, as_utc
 from core.spec import JobSpec, JobStatus, user_dataset_id
@@ -35,7 +35,7 @@ from core.store import (
     spec_hash,
     step_rows,
 )
-from core.stream import STEP, EntryId, aread, ask_to_stop, latest_step, publish_status
+from core.stream import MAX_STEP, STEP, EntryId, aread, ask_to_stop, latest_step, publish_status
 
 log = logging.getLogger("trainq.api")
 

@@ -220,7 +220,8 @@ class Run:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(self._as_this_optimizer(state["optimizer"]))
         self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+        if state["scaler"]:  # a disabled scaler (bf16, fp32, a CPU) saves nothing: start afresh
+            self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["cpu_rng"].cpu())
         if "cuda_rng" in state and self.dev.type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.dev)

@@ -319,3 +319,28 @@ def test_a_stream_still_written_after_its_job_ended_closes_with_the_databases_st
     assert events[-1]["data"]["error"]["code"] == "worker_lost"
     assert_every_step_once(events, len(kinds(events, "step")))
     assert len(kinds(events, "step")) >= 3
+
+
+def test_an_entry_no_writer_of_ours_makes_is_skipped_by_followers(
+    svc: Service, pool: ThreadPoolExecutor
+) -> None:
+    """Anyone who can write to Redis may add an entry of a kind trainq never writes, even
+    as the stream's newest: followers skip it and still get every step and the end."""
+    c = svc.client()
+    job = c.submit(SPEC)["id"]  # no worker: it stays on the queue
+    db = Database(svc.database_url)
+    try:
+        with db.writer() as s:
+            claim_job(s, job_id=job, worker="w-gone", device="cpu")
+        with db.writer() as s:
+            end_job(s, job_id=job, status=JobStatus.failed, code="worker_lost", message="lost")
+    finally:
+        db.dispose()
+    r = svc.redis.client()
+    points = [StepMetrics(n, 1, 0.5, 1e-3, 100.0, 0, 0, 0, 0.0) for n in (1, 2, 3)]
+    publish_steps(r, job, points, 1000, attempt=1)
+    r.xadd(stream_key(job), {"data": "{}"}, id="4-7")
+    events = pool.submit(follow, svc, job).result(timeout=CLOSE_BOUND_S)
+    assert last_status(events) == "failed"
+    assert [p["step"] for p in kinds(events, "step")] == [1, 2, 3]
+    assert c.metrics(job)["items"][-1]["step"] == 3

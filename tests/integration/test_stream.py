@@ -84,7 +84,20 @@ def test_an_entry_id_reads_back_as_written_and_junk_is_refused() -> None:
     assert EntryId.parse("007-0") == EntryId(7, 0)
     assert EntryId(2, 0) < EntryId(2, 1) < EntryId(3, 0)
     assert EntryId(5, 1).exclusive() == "(5-1"
-    for junk in ("", "1", "1-", "-1", "1-10", "1-a", "1_0", "1-0\n", " 1-0", "1234567890-0"):
+    assert EntryId.parse("2147483647-3") == EntryId(2**31 - 1, 3)  # every id a route may send
+    for junk in (
+        "",
+        "1",
+        "1-",
+        "-1",
+        "1-10",
+        "1-a",
+        "1_0",
+        "1-0\n",
+        " 1-0",
+        "2147483648-0",
+        "12345678901-0",
+    ):
         with pytest.raises(InvalidEntryId):
             EntryId.parse(junk)
 
@@ -303,3 +316,19 @@ def test_an_entry_id_past_any_real_step_is_read_as_redis_holds_it(
         r.xadd(stream_key(job_id), {"data": json.dumps(point)}, id="1000000000-0")
         assert latest_step(r, job_id) == 1_000_000_000
         assert [kind for _, kind, _ in read(r, job_id, None, 10)] == ["step"]
+
+
+def test_entries_no_trainq_writer_makes_are_skipped_not_fatal(redis_server: RedisServer) -> None:
+    """A kind trainq never writes, a step past any route's bound, or data that is no JSON
+    object: whoever wrote it to Redis, readers of the stream skip it and read the rest."""
+    job_id = str(uuid.uuid4())
+    point = {f.name: 0 for f in dataclasses.fields(StepMetrics)} | {"step": 1, "loss": 1.0}
+    with redis_server.client() as r:
+        key = stream_key(job_id)
+        r.xadd(key, {"data": json.dumps(point)}, id="1-0")
+        r.xadd(key, {"data": json.dumps(point)}, id="1-4")
+        r.xadd(key, {"data": "not json"}, id="2-0")
+        r.xadd(key, {"data": "[1, 2]"}, id="3-0")
+        r.xadd(key, {"other": "field"}, id="4-0")
+        r.xadd(key, {"data": json.dumps(point)}, id=f"{2**31}-0")
+        assert [eid for eid, _, _ in read(r, job_id, None, 10)] == ["1-0"]

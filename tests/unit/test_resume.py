@@ -92,14 +92,13 @@ def test_a_data_set_of_constant_images_trains(tmp_path: Path) -> None:
 def test_a_checkpoint_resumes_whichever_optimizer_kind_wrote_it(
     data_dir: Path, optimizer: str
 ) -> None:
-    """A foreach optimizer's checkpoint (a CPU worker, or trainq before fused on CUDA)
-    resumed where the run builds a fused one with an fp16 scaler (a CUDA worker), mirrored
-    on the CPU, where fused optimizers and the scaler run too."""
+    """A CPU worker's checkpoint (a foreach optimizer, no scaler state) resumed where the
+    run builds a fused optimizer and an fp16 scaler (a CUDA worker), mirrored on the CPU,
+    where fused optimizers and the scaler run too."""
     spec = JobSpec(epochs=1, batch_size=512, amp="off", optimizer=optimizer, scheduler="none")
     data = load_dataset(spec.dataset, data_dir)
     dev = torch.device("cpu")
-    old = Run(spec, dev, None, data)
-    old.scaler = torch.amp.GradScaler("cpu", enabled=True)  # an fp16 run's
+    old = Run(spec, dev, None, data)  # a CPU worker's: foreach, its scaler disabled
     x, y = next(iter(old.batches.epoch(1)))
     old.step(x, y)
     new = Run(spec, dev, None, data)
