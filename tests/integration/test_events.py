@@ -278,12 +278,9 @@ def test_a_refused_redis_command_is_503_and_leaves_no_job(svc: Service) -> None:
     assert len(list(c.jobs())) == before
 
 
-def test_a_stream_still_written_after_its_job_ended_closes_with_the_databases_status(
-    svc: Service, pool: ThreadPoolExecutor
-) -> None:
-    """The job ended in the database, its end never reached Redis, and something (a
-    superseded attempt) keeps adding steps: followers close all the same."""
-    c = svc.client()
+def lost_in_the_database(svc: Service, c: Client) -> str:
+    """A job an attempt claimed, ended `failed` (worker_lost) in the database alone: its end
+    never reached Redis."""
     job = c.submit(SPEC)["id"]  # no worker: it stays on the queue
     db = Database(svc.database_url)
     try:
@@ -293,6 +290,16 @@ def test_a_stream_still_written_after_its_job_ended_closes_with_the_databases_st
             end_job(s, job_id=job, status=JobStatus.failed, code="worker_lost", message="lost")
     finally:
         db.dispose()
+    return job
+
+
+def test_a_stream_still_written_after_its_job_ended_closes_with_the_databases_status(
+    svc: Service, pool: ThreadPoolExecutor
+) -> None:
+    """The job ended in the database, its end never reached Redis, and something (a
+    superseded attempt) keeps adding steps: followers close all the same."""
+    c = svc.client()
+    job = lost_in_the_database(svc, c)
     r = svc.redis.client()
 
     def step(n: int) -> None:
@@ -327,15 +334,7 @@ def test_an_entry_no_writer_of_ours_makes_is_skipped_by_followers(
     """Anyone who can write to Redis may add an entry of a kind trainq never writes, even
     as the stream's newest: followers skip it and still get every step and the end."""
     c = svc.client()
-    job = c.submit(SPEC)["id"]  # no worker: it stays on the queue
-    db = Database(svc.database_url)
-    try:
-        with db.writer() as s:
-            claim_job(s, job_id=job, worker="w-gone", device="cpu")
-        with db.writer() as s:
-            end_job(s, job_id=job, status=JobStatus.failed, code="worker_lost", message="lost")
-    finally:
-        db.dispose()
+    job = lost_in_the_database(svc, c)
     r = svc.redis.client()
     points = [StepMetrics(n, 1, 0.5, 1e-3, 100.0, 0, 0, 0, 0.0) for n in (1, 2, 3)]
     publish_steps(r, job, points, 1000, attempt=1)
