@@ -71,10 +71,7 @@ def _last_needed(key: EntryId) -> int:
 
 def _top_id(top: Any) -> EntryId:
     """The id of the one entry in `top` (XREVRANGE's, or a batch's last), or 0-0 for none."""
-    if not top:
-        return EntryId(0, 0)
-    eid = top[0][0]
-    return EntryId.of_stream(eid.decode() if isinstance(eid, bytes) else eid)
+    return EntryId.of_stream(top[0][0]) if top else EntryId(0, 0)
 
 
 def _batch(raw: Any) -> Batch:

@@ -80,10 +80,10 @@ class EntryId(NamedTuple):
         return cls(int(match[1]), int(match[2]))
 
     @classmethod
-    def of_stream(cls, text: str) -> EntryId:
+    def of_stream(cls, raw: bytes | str) -> EntryId:
         """An id as Redis returned it: always two integers, read as they are. A client's
         id is held to `parse`'s bounds; one in the stream is whatever its writer chose."""
-        step, seq = text.split("-")
+        step, seq = _text(raw).split("-")
         return cls(int(step), int(seq))
 
     def exclusive(self) -> str:
@@ -363,7 +363,7 @@ async def aread(ar: AsyncRedis, job_id: str, after: EntryId | None, count: int) 
 def latest_step(r: Redis, job_id: str) -> int:
     """The last step the stream has seen (0 if none)."""
     raw: Any = r.xrevrange(stream_key(job_id), count=1)
-    return EntryId.of_stream(_text(raw[0][0])).step if raw else 0
+    return EntryId.of_stream(raw[0][0]).step if raw else 0
 
 
 def _text(v: bytes | str) -> str:
