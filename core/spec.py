@@ -53,6 +53,12 @@ class Scheduler(StrEnum):
     none = "none"
 
 
+class Augment(StrEnum):
+    none = "none"
+    shift = "shift"  # a random shift of up to 8% of the side, per image
+    affine = "affine"  # a random rotation (±10°), zoom (±10%) and shift (±8%), per image
+
+
 class DataPath(StrEnum):
     device = "device"  # the whole set held on the device as uint8, batches cut by index
     dataloader = "dataloader"  # the classic torch DataLoader over torchvision transforms
@@ -113,6 +119,20 @@ class JobSpec(BaseModel):
         ge=0,
         le=0.5,
         description="Soften the targets: helps small data sets generalise.",
+    )
+    augment: Augment = Field(
+        Augment.affine,
+        title="Augmentation",
+        description="Move each training image by a small random affine map on the device: "
+        "affine (rotate ±10°, zoom ±10%, shift ±8%), shift only, or none.",
+    )
+    ema_decay: float | None = Field(
+        0.999,
+        title="EMA decay",
+        ge=0.5,
+        lt=1,
+        description="Evaluate and export an exponential moving average of the weights, "
+        "updated every step with this decay; null trains and exports the raw weights.",
     )
     channels_last: bool = Field(
         True,

@@ -22,6 +22,7 @@ from torch.utils.data import Dataset as TorchDataset
 from torchvision import datasets, transforms
 
 from core.datasets import IDX_NAMES
+from core.train.augment import Affine, random_affine
 from core.errors import DatasetNotFound
 from core.files import write_atomic
 from core.spec import user_dataset_id
@@ -213,6 +214,7 @@ class ResidentBatches:
         std: float,
         channels_last: bool,
         seed: int,
+        augment: Affine | None = None,
     ) -> None:
         self.images = split.images.to(device)
         self.labels = split.labels.to(device)
@@ -221,18 +223,33 @@ class ResidentBatches:
         self.scale = 1.0 / (std * 255.0)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.seed = seed
+        self.augment = augment
 
     def __len__(self) -> int:
         return steps_per_epoch(len(self.labels), self.batch_size)
 
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        # The order depends only on (seed, epoch), so a resumed run sees the same batches.
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        # The order and the augmentation depend only on (seed, epoch): a resumed run sees the
+        # same batches (the ones it skips are drawn too, and dropped).
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
         order = torch.randperm(len(self.labels), generator=g).to(self.images.device)
+        moves = augment_generator(self.images.device, self.seed, epoch)
         for i in range(len(self)):
             idx = order[i * self.batch_size : (i + 1) * self.batch_size]
             x = self.images[idx].float().sub_(self.shift).mul_(self.scale)
+            if self.augment is not None:
+                x = random_affine(x, self.augment, moves)
             yield x.contiguous(memory_format=self.memory_format), self.labels[idx]
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    return seed * 1_000_003 + epoch
+
+
+def augment_generator(device: torch.device, seed: int, epoch: int) -> torch.Generator:
+    """The augmentation's own random stream, on the device the batches are on, apart from the
+    order's: the same (seed, epoch) gives the same moves whatever else draws numbers."""
+    return torch.Generator(device=device).manual_seed(epoch_seed(seed, epoch) ^ 0x5EED)
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
@@ -252,6 +269,7 @@ def loader_batches(
     pin_memory: bool,
     persistent_workers: bool,
     prefetch_factor: int,
+    augment: Affine | None = None,
 ) -> LoaderBatches:
     """The article's input pipeline: ToTensor + Normalize per PIL image in DataLoader workers
     (per uint8 tensor for an uploaded data set, which has no torchvision loader)."""
@@ -275,7 +293,7 @@ def loader_batches(
         prefetch_factor=prefetch_factor if num_workers > 0 else None,
         drop_last=len(ds) % batch_size == 1,
     )
-    return LoaderBatches(loader, g, device, channels_last, seed)
+    return LoaderBatches(loader, g, device, channels_last, seed, augment)
 
 
 class _NormalizedImages(TorchDataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -302,18 +320,23 @@ class LoaderBatches:
         device: torch.device,
         channels_last: bool,
         seed: int,
+        augment: Affine | None = None,
     ) -> None:
         self.loader = loader
         self.generator = generator
         self.device = device
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.seed = seed
+        self.augment = augment
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self.generator.manual_seed(self.seed * 1_000_003 + epoch)
+        self.generator.manual_seed(epoch_seed(self.seed, epoch))
+        moves = augment_generator(self.device, self.seed, epoch)
         for x, y in self.loader:
-            x = x.to(self.device, non_blocking=True, memory_format=self.memory_format)
-            yield x, y.to(self.device, non_blocking=True)
+            x = x.to(self.device, non_blocking=True)
+            if self.augment is not None:
+                x = random_affine(x, self.augment, moves)
+            yield x.contiguous(memory_format=self.memory_format), y.to(self.device, non_blocking=True)

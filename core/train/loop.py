@@ -65,7 +65,7 @@ def train(
                 "the checkpoint given to resume from already ended the run, and the run's "
                 "epoch metrics (history) were not given",
             )
-        model_bytes, sha = export_torchscript(run.model, run.data)
+        model_bytes, sha = export_torchscript(run.eval_model, run.data)
         run.progress()
     return _result(run, done, trained, limits, (model_bytes, sha), time.perf_counter() - started)
 

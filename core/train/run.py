@@ -7,13 +7,15 @@ import io
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 
 from core.spec import DataPath, JobSpec, Optimizer, Scheduler
+from core.train.augment import augmenter
 from core.train.data import Dataset, ResidentBatches, loader_batches
+from core.train.ema import Ema
 from core.train.epoch import EpochProgress
 from core.train.model import Net
 
@@ -64,6 +66,7 @@ class Run:
         self.batches = self._batches()
         self.criterion = nn.CrossEntropyLoss(label_smoothing=spec.label_smoothing)
         self.optimizer = self._optimizer()
+        self.ema = None if spec.ema_decay is None else Ema(self.model, spec.ema_decay)
         self.scheduler = self._scheduler(spec.epochs * len(self.batches))
         self.scaler = torch.amp.GradScaler(dev.type, enabled=amp_dtype is torch.float16)
         self.first_fp16_step = self.scaler.is_enabled()
@@ -76,6 +79,7 @@ class Run:
             "batch_size": spec.batch_size,
             "channels_last": spec.channels_last,
             "seed": spec.seed,
+            "augment": augmenter(spec.augment),
         }
         if spec.data_path is DataPath.device:
             return ResidentBatches(data.train, self.dev, mean=data.mean, std=data.std, **order)
@@ -118,6 +122,11 @@ class Run:
             )
         return torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
 
+    @property
+    def eval_model(self) -> Net:
+        """What is evaluated and exported: the weights' moving average, or the weights."""
+        return self.model if self.ema is None else cast(Net, self.ema.module)
+
     def autocast(self) -> AbstractContextManager[Any]:
         if self.amp_dtype is None:
             return nullcontext()
@@ -148,6 +157,8 @@ class Run:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self._advance_schedule()
+        if self.ema is not None:
+            self.ema.update()
         return loss.detach(), logits.detach()
 
     def _advance_schedule(self) -> None:
@@ -166,7 +177,8 @@ class Run:
 
     @torch.inference_mode()
     def evaluate(self, batch_size: int = 2048) -> tuple[float, float]:
-        self.model.eval()
+        model = self.eval_model
+        model.eval()
         test = self.data.test
         mean, std = self.data.mean * 255.0, self.data.std * 255.0
         fmt = torch.channels_last if self.spec.channels_last else torch.contiguous_format
@@ -178,7 +190,7 @@ class Run:
             x = images[i : i + batch_size].float().sub_(mean).div_(std)
             y = labels[i : i + batch_size]
             with self.autocast():
-                logits = self.model(x.contiguous(memory_format=fmt))
+                logits = model(x.contiguous(memory_format=fmt))
             loss_sum += nn.functional.cross_entropy(logits.float(), y, reduction="sum")
             correct += (logits.argmax(1) == y).sum()
             self.progress()
@@ -198,6 +210,8 @@ class Run:
             "scaler": self.scaler.state_dict(),
             "cpu_rng": torch.get_rng_state(),
         }
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
         if self.dev.type == "cuda":
             state["cuda_rng"] = torch.cuda.get_rng_state(self.dev)
         if within is not None:
@@ -222,6 +236,8 @@ class Run:
         self.scheduler.load_state_dict(state["scheduler"])
         if state["scaler"]:  # a disabled scaler (bf16, fp32, a CPU) saves nothing: start afresh
             self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None and "ema" in state:
+            self.ema.load_state_dict(state["ema"])
         torch.set_rng_state(state["cpu_rng"].cpu())
         if "cuda_rng" in state and self.dev.type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.dev)

@@ -34,8 +34,10 @@ def preempted_at(k: int, rec: Recorder) -> Callbacks:
 
 
 def weights(checkpoint: bytes) -> dict[str, torch.Tensor]:
+    """The model's weights and their moving average (what is evaluated and exported)."""
     state = torch.load(io.BytesIO(checkpoint), weights_only=True)
-    return dict(state["model"])
+    ema = {f"ema.{k}": v for k, v in state["ema"]["module"].items()}
+    return {**state["model"], **ema, "ema.updates": torch.tensor(state["ema"]["updates"])}
 
 
 def epoch_figures(rec: Recorder) -> list[tuple[int, int, float, float, float, float]]:
