@@ -12,7 +12,7 @@ from core.data_sources import install
 from core.errors import DataFetchFailed, FetchToolMissing
 
 EXIT_FAILED = 1
-EXIT_TOOL_MISSING = 3  # scripts/setup skips a set on this code, and fails on the others
+EXIT_TOOL_MISSING = 3  # nothing to retry: a tool to install first
 
 
 def data_command(args: argparse.Namespace) -> int:
