@@ -223,9 +223,10 @@ def _fetch(source: Source, report: Report) -> dict[str, bytes]:
 def _require_tools(source: Source) -> None:
     missing = [tool for tool in source.tools if shutil.which(tool) is None]
     if missing:
+        which = "which is" if len(missing) == 1 else "which are"
         raise FetchToolMissing(
-            f"installing {source.dataset} needs {' and '.join(missing)}, "
-            f"{'which is' if len(missing) == 1 else 'which are'} not on PATH: install {source.install_tools}; or, where the internet is reachable, "
+            f"installing {source.dataset} needs {' and '.join(missing)}, {which} not on PATH: "
+            f"install {source.install_tools}; or, where the internet is reachable, "
             f"`trainq data install {source.dataset} --from torchvision`"
         )
 

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,7 @@ from core.data_sources import SOURCES, file_problems
 from core.spec import JobSpec
 from core.train import Callbacks, EpochMetrics, StepMetrics, TrainResult, train
 from core.train.data import write_mnist_sample
-from tests.service import STRICT, Service
+from tests.service import DATASETS_CACHE, STRICT, Service
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -23,14 +22,6 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("data")
     write_mnist_sample(root / "mnist-sample" / "MNIST" / "raw")
     return root
-
-
-# Where scripts/setup installs the full MNIST and Fashion-MNIST (`trainq data install`), kept
-# across runs; the tests only read it.
-DATASETS_CACHE = Path(
-    os.environ.get("TRAINQ_TEST_DATASETS")
-    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainq" / "datasets"
-)
 
 
 @pytest.fixture(scope="session")

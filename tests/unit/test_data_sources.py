@@ -4,6 +4,7 @@ changed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -220,3 +221,21 @@ def test_a_short_run_trains_on_the_full_set(name: str, installed_data_dir: Path)
     )
     assert result.epochs[-1].step == 30
     assert result.test_accuracy > 0.5  # 10 classes: chance is 0.1
+
+
+def test_an_installed_debian_package_is_read_without_fetching(
+    installed_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/usr/share/datasets/fashion-mnist as the package installs it (gzipped), here in a
+    folder of its own; with no tool to fetch, only that copy can be read."""
+    system = tmp_path / "usr-share"
+    system.mkdir()
+    for pin in FASHION.files:
+        data = (raw_folder(FASHION, installed_data_dir) / pin.name).read_bytes()
+        (system / f"{pin.name}.gz").write_bytes(gzip.compress(data))
+    moved = dataclasses.replace(FASHION, system_copy=system, tools=("no-such-tool",))
+    monkeypatch.setitem(SOURCES, "fashion-mnist", moved)
+    said: list[str] = []
+    assert install("fashion-mnist", tmp_path / "data", report=said.append) is True
+    assert f"fashion-mnist: reading the installed package in {system}" in said
+    assert file_problems(FASHION, tmp_path / "data") == []
