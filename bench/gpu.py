@@ -1,7 +1,7 @@
 """The GPU acceptance measurements, one JSON object on stdout (bench/gpu.sh runs it).
 
-On `mnist-sample`'s 4,000 training digits repeated to one MNIST-sized epoch (as
-bench.trainer builds it), for each batch size: training images/s of trainq's trainer in
+On the full MNIST as `trainq data install mnist` places it (bench.trainer finds it), for
+each batch size: training images/s of trainq's trainer in
 eager mode with bf16 and with fp16 (GradScaler), and with torch.compile (CUDA graphs); the
 peak memory each reached; and whether the memory figures the metrics stream reports agree
 with torch.cuda.max_memory_allocated read at the same moment. The baseline in the same run
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -25,7 +24,7 @@ from typing import Any
 
 import torch
 
-from bench.trainer import build_bench_data
+from bench.trainer import bench_data_dir
 from core.spec import JobSpec
 from core.train import Callbacks, StepMetrics, train
 from core.train.device import device_name
@@ -117,14 +116,12 @@ def main() -> None:
         "epochs": args.epochs,
         "results": {},
     }
-    with tempfile.TemporaryDirectory(prefix="trainq-gpu-") as tmp:
-        root = Path(tmp) / "bench"
-        build_bench_data(root, Path(tmp) / "sample")
-        for key, kw in variants.items():
-            try:
-                out["results"][key] = one_run(root, args.epochs, **kw)
-            except Exception as e:  # one failing variant must not hide the others
-                out["results"][key] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    root = bench_data_dir()
+    for key, kw in variants.items():
+        try:
+            out["results"][key] = one_run(root, args.epochs, **kw)
+        except Exception as e:  # one failing variant must not hide the others
+            out["results"][key] = {"error": f"{type(e).__name__}: {e}"[:500]}
     base = out["results"].get("bs64_bf16_foreach", {}).get("steady_images_per_second")
     if base:
         out["steady_speedup_vs_bs64_bf16_foreach"] = {

@@ -1,8 +1,7 @@
 """trainq's trainer against the seed article's pipeline, in one process, on the same data.
 
-The data: the 4,000 real training digits of `mnist-sample` repeated to 60,000 images (one
-MNIST-sized epoch), written as MNIST IDX files and read by torchvision's MNIST loader in both
-pipelines; test accuracy on the 1,000 held-out digits.
+The data: the full MNIST (60,000 training images, 10,000 test) as `trainq data install mnist`
+places it, read by torchvision's MNIST loader in both pipelines.
 
 The baseline is the article as written: ToTensor + Normalize per PIL image in a DataLoader
 (num_workers=4, pin_memory, persistent_workers, prefetch_factor=2), the CNN with `view`,
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -28,31 +26,25 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision import datasets, transforms
 
+from core.config import Settings
+from core.data_sources import SOURCES, file_problems
 from core.spec import JobSpec
 from core.train import train
-from core.train.data import IDX_FILES, load_dataset, write_idx
 from core.train.device import device_name, resolve_device
+from tests.service import DATASETS_CACHE
 
-REPEAT = 15  # 4,000 x 15 = 60,000 training images
 
-
-def build_bench_data(root: Path, cache: Path) -> None:
-    sample = load_dataset("mnist-sample", cache)
-    raw = root / "MNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    train_images = sample.train.images.squeeze(1).repeat(REPEAT, 1, 1)
-    train_labels = sample.train.labels.repeat(REPEAT).to(torch.uint8)
-    for name, t in zip(
-        IDX_FILES,
-        (
-            train_images,
-            train_labels,
-            sample.test.images.squeeze(1),
-            sample.test.labels.to(torch.uint8),
-        ),
-        strict=True,
-    ):
-        write_idx(raw / name, t)
+def bench_data_dir() -> Path:
+    """The data folder holding the verified full MNIST: TRAINQ_DATA_DIR's, else the cache
+    scripts/setup installs into."""
+    candidates = [Settings().data_dir, DATASETS_CACHE]
+    for root in candidates:
+        if not file_problems(SOURCES["mnist"], root):
+            return root
+    raise SystemExit(
+        f"bench: no verified MNIST in {' or '.join(map(str, candidates))}: run "
+        f"`trainq data install mnist --data-dir {DATASETS_CACHE}` (scripts/setup does)"
+    )
 
 
 class ArticleNet(nn.Module):
@@ -155,30 +147,28 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=UserWarning)  # pin_memory without a GPU
     device = resolve_device(args.device)
-    with tempfile.TemporaryDirectory(prefix="trainq-bench-") as tmp:
-        root = Path(tmp) / "bench"
-        build_bench_data(root, Path(tmp) / "sample")
-        article = run_article(root, args.epochs, device)
-        ours = run_trainq(root, args.epochs, device)
-        out: dict[str, Any] = {
-            "benchmark": "trainer",
-            "device": device_name(device),
-            "train_images_per_epoch": 4000 * REPEAT,
-            "epochs": args.epochs,
-            "article": article,
-            "trainq": ours,
-            "speedup": ours["images_per_second"] / article["images_per_second"],
-            "accuracy_delta": ours["test_accuracy"] - article["test_accuracy"],
+    root = bench_data_dir()
+    article = run_article(root, args.epochs, device)
+    ours = run_trainq(root, args.epochs, device)
+    out: dict[str, Any] = {
+        "benchmark": "trainer",
+        "device": device_name(device),
+        "train_images_per_epoch": 60_000,
+        "epochs": args.epochs,
+        "article": article,
+        "trainq": ours,
+        "speedup": ours["images_per_second"] / article["images_per_second"],
+        "accuracy_delta": ours["test_accuracy"] - article["test_accuracy"],
+    }
+    if args.ablate:
+        variants = {
+            "at_the_articles_batch_size_128": {"batch_size": 128},
+            "no_channels_last": {"channels_last": False},
+            "dataloader_path": {"data_path": "dataloader", "num_workers": 1},
         }
-        if args.ablate:
-            variants = {
-                "at_the_articles_batch_size_128": {"batch_size": 128},
-                "no_channels_last": {"channels_last": False},
-                "dataloader_path": {"data_path": "dataloader", "num_workers": 1},
-            }
-            out["ablation"] = {
-                name: run_trainq(root, args.epochs, device, **kw) for name, kw in variants.items()
-            }
+        out["ablation"] = {
+            name: run_trainq(root, args.epochs, device, **kw) for name, kw in variants.items()
+        }
     print(json.dumps(out, indent=2))
 
 

@@ -66,6 +66,11 @@ COMMANDS = {
         options.up_options,
         "cli.service_cmd:up_command",
     ),
+    "data": Command(
+        "Install a built-in data set (mnist, fashion-mnist), verified against its pins.",
+        options.data_options,
+        "cli.data_cmd:data_command",
+    ),
     "train": Command(
         "Train locally (no service): progress bar, model and run record out.",
         options.train_options,

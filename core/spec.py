@@ -9,7 +9,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-DATASETS = ("mnist", "fashion-mnist", "kmnist", "mnist-sample")
+DATASETS = ("mnist", "fashion-mnist", "mnist-sample")
+# Named by specs once and offered no longer: no registry here ships them. Stored jobs that
+# name one still read (the database keeps specs as plain JSON); a new spec is refused.
+RETIRED_DATASETS = {"kmnist": "no package registry ships KMNIST"}
 USER_DATASET_PREFIX = "ds:"  # "ds:<uuid>": a data set uploaded through POST /datasets
 
 
@@ -205,6 +208,11 @@ class JobSpec(BaseModel):
     def _known_dataset(cls, v: str) -> str:
         if v in DATASETS:
             return v
+        if v in RETIRED_DATASETS:
+            raise ValueError(
+                f"data set {v!r} is no longer offered ({RETIRED_DATASETS[v]}): upload it with "
+                f'POST /datasets and name it "ds:<id>", or use one of {", ".join(DATASETS)}'
+            )
         ds_id = user_dataset_id(v)
         if ds_id is not None:
             try:

@@ -34,6 +34,12 @@ POSTGRES_URL = os.environ.get(
 # CI sets TRAINQ_TEST_STRICT=1: what would be skipped elsewhere (no PostgreSQL, no browser,
 # no schemathesis) fails there instead.
 STRICT = os.environ.get("TRAINQ_TEST_STRICT") == "1"
+# Where scripts/setup installs the full MNIST and Fashion-MNIST (`trainq data install`), kept
+# across runs; the tests and the benches only read it.
+DATASETS_CACHE = Path(
+    os.environ.get("TRAINQ_TEST_DATASETS")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainq" / "datasets"
+)
 
 
 def free_port() -> int:

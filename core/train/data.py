@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 from torchvision import datasets, transforms
 
+from core.data_sources import SOURCES, install_hint, verify_installed
 from core.datasets import IDX_NAMES
 from core.train.augment import Affine, random_affine
 from core.errors import DatasetNotFound
@@ -30,7 +31,6 @@ from core.spec import user_dataset_id
 _TORCHVISION = {
     "mnist": datasets.MNIST,
     "fashion-mnist": datasets.FashionMNIST,
-    "kmnist": datasets.KMNIST,
     "mnist-sample": datasets.MNIST,
 }
 IDX_FILES = tuple(IDX_NAMES)  # the four files torchvision's MNIST-family loaders read
@@ -86,9 +86,8 @@ def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Datase
     if user_dataset_id(name) is not None:
         train, test, num_classes = _load_npz(name, user_dataset_path(name, data_dir))
     else:
-        if name == "mnist-sample":
-            write_mnist_sample(root / "MNIST" / "raw")
-        train_set = _torchvision_set(name, root, train=True, download=download)
+        _prepare(name, root, download=download)
+        train_set = _torchvision_set(name, root, train=True, download=False)
         test_set = _torchvision_set(name, root, train=False, download=False)
         train, test = _split(train_set), _split(test_set)
     pixels = train.images.float().div_(255)
@@ -105,6 +104,17 @@ def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Datase
         sha256=digest.hexdigest(),
         num_classes=num_classes or int(max(train.labels.max(), test.labels.max())) + 1,
     )
+
+
+def _prepare(name: str, root: Path, *, download: bool) -> None:
+    """Make sure the built-in set's files are there and are the pinned ones: torchvision
+    reads any four files of the right names, damaged ones too."""
+    if name == "mnist-sample":
+        write_mnist_sample(root / "MNIST" / "raw")
+        return
+    if download:
+        _torchvision_set(name, root, train=True, download=True)  # fetches what is missing
+    verify_installed(name, root)
 
 
 def _load_npz(name: str, path: Path) -> tuple[Split, Split, int | None]:
@@ -140,10 +150,10 @@ def _torchvision_set(
         return cls(str(root), train=train, download=download, transform=transform)
     except (RuntimeError, OSError) as e:  # torchvision: "Dataset not found", URLError, ...
         how = "the download failed" if download else "downloading is off"
+        fix = install_hint(name, root) if name in SOURCES else "use dataset 'mnist-sample'"
         raise DatasetNotFound(
             f"data set {name!r} not found in {raw} ({how}: {e}). Expected the files "
-            f"{', '.join(IDX_FILES)} there (gzipped or not). Put them in that folder, set "
-            "TRAINQ_DATA_DIR to a folder that has them, or use dataset 'mnist-sample'."
+            f"{', '.join(IDX_FILES)} there: {fix}."
         ) from e
 
 

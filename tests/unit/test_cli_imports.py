@@ -63,6 +63,13 @@ def test_client_commands_load_no_heavy_module(argv: list[str]) -> None:
     assert loaded(*argv) & set(HEAVY) == set()
 
 
+def test_data_install_loads_no_heavy_module(tmp_path: Path) -> None:
+    """It fetches and verifies with the standard library alone (where npm is missing, it
+    stops at its message: the imports are the same)."""
+    argv = ("data", "install", "mnist", "--data-dir", str(tmp_path))
+    assert loaded(*argv) & set(HEAVY) == set()
+
+
 @pytest.mark.parametrize(
     "argv",
     [["--help"], ["watch", "--help"], ["cancel", "--help"], ["download", "--help"]],
@@ -89,7 +96,7 @@ def test_the_help_still_names_every_command() -> None:
         [sys.executable, "-m", "cli", "--help"], cwd=ROOT, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    for name in ("submit", "ls", "watch", "cancel", "download", "train"):
+    for name in ("submit", "ls", "watch", "cancel", "download", "data", "train"):
         assert name in out.stdout
     for name in ("migrate", "serve", "worker", "up"):
         assert name in out.stdout

