@@ -5,6 +5,7 @@ checkpoint), train epoch after epoch until the spec says stop, then export and v
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from core.errors import InvalidSpec, OutOfMemory
+from core.errors import InvalidSpec, OutOfMemory, TrainingDiverged
 from core.spec import JobSpec
 from core.train.data import load_dataset
 from core.train.device import amp_name, device_name, resolve_amp, resolve_device
@@ -125,6 +126,13 @@ def _train_epochs(
         stats = train_epoch(run, epoch, trained.last_step, cb, limits)
         trained = trained.then(stats)
         test_loss, test_acc = run.evaluate()
+        if not math.isfinite(test_loss):
+            # The train losses stayed finite, but the evaluated weights (their moving
+            # average, or the last step's) overflowed: stop before NaN reaches the metrics.
+            raise TrainingDiverged(
+                f"the test loss became {test_loss} at step {stats.last_step} (epoch {epoch}); "
+                "try a lower lr, grad_clip_norm, or amp 'bf16'/'off'"
+            )
         metrics = EpochMetrics(
             epoch=epoch,
             step=stats.last_step,

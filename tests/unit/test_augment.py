@@ -39,8 +39,8 @@ def test_each_image_moves_on_its_own_and_stays_in_range() -> None:
     x[:, :, 10:18, 10:18] = 255.0  # the same square in every image
     out = random_affine(x, AFFINE[Augment.affine], torch.Generator().manual_seed(0))
     assert len({tuple(img.flatten().tolist()) for img in out.round()}) == 8
-    assert out.min() >= 0 and out.max() <= 255  # bilinear: no overshoot, borders repeat
-    # The square moved by at most the shift plus the rotation and zoom of its corners.
+    # Bilinear with repeated borders: no overshoot, and the square never leaves the image.
+    assert out.min() >= 0 and out.max() <= 255 + 1e-3
     assert all(img.sum() > 0 for img in out)
 
 
