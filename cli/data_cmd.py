@@ -23,7 +23,7 @@ def data_command(args: argparse.Namespace) -> int:
         print(f"trainq: [{time.monotonic() - started:5.1f} s] {line}", file=sys.stderr)
 
     try:
-        install(args.dataset, data_dir, via=args.via, report=report)
+        install(args.dataset, data_dir, via=args.via, archive=args.archive, report=report)
     except FetchToolMissing as e:
         print(f"trainq: {e.message}", file=sys.stderr)
         return EXIT_TOOL_MISSING

