@@ -38,6 +38,14 @@ class Ema:
             if not a.is_floating_point():
                 a.copy_(m)
 
+    @torch.no_grad()
+    def restart(self) -> None:
+        """Start the average afresh at the model's current weights (a checkpoint that
+        holds none: one written before the run averaged, or with ema_decay null)."""
+        for a, m in self._pairs:
+            a.copy_(m)
+        self.updates = 0
+
     def state_dict(self) -> dict[str, Any]:
         return {"module": self.module.state_dict(), "updates": self.updates}
 

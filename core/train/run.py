@@ -236,8 +236,11 @@ class Run:
         self.scheduler.load_state_dict(state["scheduler"])
         if state["scaler"]:  # a disabled scaler (bf16, fp32, a CPU) saves nothing: start afresh
             self.scaler.load_state_dict(state["scaler"])
-        if self.ema is not None and "ema" in state:
-            self.ema.load_state_dict(state["ema"])
+        if self.ema is not None:
+            if "ema" in state:
+                self.ema.load_state_dict(state["ema"])
+            else:  # the average of the checkpoint's weights, not of the random start
+                self.ema.restart()
         torch.set_rng_state(state["cpu_rng"].cpu())
         if "cuda_rng" in state and self.dev.type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.dev)

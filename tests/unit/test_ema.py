@@ -66,3 +66,20 @@ def test_the_run_evaluates_the_average_and_none_means_the_raw_weights(data_dir: 
 def test_a_decay_outside_its_bounds_is_refused(decay: float) -> None:
     with pytest.raises(ValueError, match="ema_decay"):
         JobSpec(ema_decay=decay)
+
+
+def test_a_checkpoint_without_an_average_restarts_it_at_its_weights(data_dir: Path) -> None:
+    """A checkpoint from a run that did not average (ema_decay null, or written before
+    averaging existed) resumed with averaging: the average starts at the checkpoint's
+    weights, never at the new run's random ones (which a final checkpoint would export)."""
+    data = load_dataset("mnist-sample", data_dir)
+    before = Run(JobSpec(ema_decay=None, batch_size=256), torch.device("cpu"), None, data)
+    for x, y in list(before.batches.epoch(1))[:3]:
+        before.step(x, y)
+    blob = before.checkpoint(1, 3)
+    after = Run(JobSpec(batch_size=256, seed=9), torch.device("cpu"), None, data)
+    after.load_checkpoint(blob)
+    assert after.ema is not None and after.ema.updates == 0
+    expected = before.model.state_dict()
+    got = after.eval_model.state_dict()
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
