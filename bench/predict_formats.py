@@ -3,10 +3,10 @@
 Trains one short job on mnist-sample (a real model in every format, each verified as a job
 is), then, per format: the time to load it from its bytes, and the latency of one request
 of 1 and of 64 held-out digits (p50 and p99 over `--calls` calls after a warm-up), as
-`POST /jobs/{id}/predict` runs it (api.inference: inference mode, the same threads). The
-ratios are against TorchScript measured in the same run. TorchScript loads with
-torch.jit.load, pt2 with torch.export.load(...).module(), ONNX with an onnxruntime CPU
-session whose intra-op threads are torch's.
+`POST /jobs/{id}/predict` runs it (api.inference: inference mode, torch's threads for
+TorchScript and pt2, api.inference.ONNX_THREADS for onnxruntime). The ratios are against
+TorchScript measured in the same run. TorchScript loads with torch.jit.load, pt2 with
+torch.export.load(...).module(), ONNX with an onnxruntime CPU session.
 
 Prints one JSON object.    python -m bench.predict_formats [--calls 500]
 """
@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from api.inference import ONNX_THREADS
 from core.spec import ExportFormat, JobSpec
 from core.train import train
 from core.train.data import load_dataset, write_mnist_sample
@@ -42,6 +43,7 @@ def cpu_name() -> dict[str, Any]:
         "avx512_bf16": "avx512_bf16" in flags,
         "avx2": "avx2" in flags,
         "torch_threads": torch.get_num_threads(),
+        "onnxruntime_threads": ONNX_THREADS,
     }
 
 
@@ -64,7 +66,7 @@ def latencies(model: Model, x: torch.Tensor, calls: int) -> dict[str, float]:
 
 def measure(fmt: ExportFormat, blob: bytes, x: torch.Tensor, calls: int) -> dict[str, Any]:
     t0 = time.perf_counter()
-    model = load_model(fmt, blob, threads=torch.get_num_threads())
+    model = load_model(fmt, blob, threads=ONNX_THREADS)
     loaded = time.perf_counter() - t0
     return {
         "size_bytes": len(blob),

@@ -66,14 +66,17 @@ def id_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("job_id")
 
 
-def download_options(p: argparse.ArgumentParser) -> None:
-    from core.spec import ExportFormat
+# core.spec.ExportFormat's values, spelled here so that `download --help` builds without
+# the JobSpec (tests/unit/test_cli_imports.py holds the two together).
+MODEL_FORMATS = ("torchscript", "pt2", "onnx")
 
+
+def download_options(p: argparse.ArgumentParser) -> None:
     id_option(p)
     p.add_argument(
         "--format",
-        choices=[f.value for f in ExportFormat],
-        default=ExportFormat.torchscript.value,
+        choices=MODEL_FORMATS,
+        default=MODEL_FORMATS[0],
         help="the model's format (default torchscript); the job lists those it offers",
     )
     p.add_argument("-o", "--output", type=Path, help="default trainq-<id>.pt (.pt2, .onnx)")
