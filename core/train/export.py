@@ -63,7 +63,7 @@ def export_models(
     x = data.test.images[:check_images].float().div(255)  # real held-out images
     with torch.inference_mode():
         expected = wrapped(x)
-    with fresh_checker() as checker:
+    with fresh_checker(formats) as checker:
         blobs, report = _export_each(wrapped, x, formats, progress)
         checked = check_in_fresh_process(checker, blobs, x, expected)
     progress()
@@ -88,7 +88,8 @@ def _export_each(
             if fmt is ExportFormat.torchscript:
                 blobs[fmt] = _torchscript(wrapped, x)
             else:
-                exported = exported or _exported_program(wrapped, x)
+                if exported is None:
+                    exported = _exported_program(wrapped, x)
                 blobs[fmt] = _pt2(exported) if fmt is ExportFormat.pt2 else _onnx(exported, x)
         except Exception as e:
             if is_out_of_memory(e):
@@ -135,12 +136,12 @@ def _onnx(exported: torch.export.ExportedProgram, x: torch.Tensor) -> bytes:
 
 
 @contextmanager
-def fresh_checker() -> Iterator[subprocess.Popen[str]]:
+def fresh_checker(formats: Sequence[ExportFormat]) -> Iterator[subprocess.Popen[str]]:
     """A new Python process that will check the formats (core.train.verify_export): what a
     user who downloads them does. Started before the exports, so that its imports (torch's
     seconds) overlap them; it waits for the folder to check on its stdin."""
     proc = subprocess.Popen(
-        [sys.executable, "-P", str(VERIFIER)],
+        [sys.executable, "-P", str(VERIFIER), *formats],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,12 +1,13 @@
 """Each exported format loaded as a callable from images to logits, and the check of a
 model's formats in a fresh process.
 
-`python -P core/train/verify_export.py` (run by its path, with -P: nothing of trainq is
-importable) imports torch and onnxruntime and nothing else: none of the trainer, the API or
-the database. It reads the path of a folder from stdin; the folder holds `input.pt` (float
-images), `expected.pt` (the trained model's logits on them) and one file per format to
-check, named after the format. It prints one JSON object: per format, the largest absolute
-difference of its logits from the expected ones, or why it failed.
+`python -P core/train/verify_export.py FORMAT...` (run by its path, with -P: nothing of
+trainq is importable) imports torch, and what loading those formats takes (onnxruntime for
+onnx), and nothing else: none of the trainer, the API or the database. It reads the path of
+a folder from stdin; the folder holds `input.pt` (float images), `expected.pt` (the trained
+model's logits on them) and one file per format to check, named after the format. It
+prints one JSON object: per format, the largest absolute difference of its logits from the
+expected ones, or why it failed.
 """
 
 from __future__ import annotations
@@ -95,15 +96,16 @@ def check_folder(folder: Path) -> dict[str, dict[str, Any]]:
     return report
 
 
-def main() -> None:
-    # Started before the exports it checks: what loading a .pt2 and an ONNX file imports
-    # is imported while they run. Then the folder to check comes on stdin.
-    import onnxruntime  # noqa: F401
-    import torch._export.serde.serialize  # noqa: F401
-
+def main(formats: list[str]) -> None:
+    # Started before the exports it checks: what loading the formats to come imports is
+    # imported while they run. Then the folder to check comes on stdin.
+    if "pt2" in formats:
+        import torch._export.serde.serialize  # noqa: F401
+    if "onnx" in formats:
+        import onnxruntime  # noqa: F401
     folder = sys.stdin.readline().strip()
     print(json.dumps(check_folder(Path(folder)) if folder else {}))
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -94,7 +94,7 @@ def test_a_corrupted_model_fails_its_check_in_the_fresh_process_and_is_not_offer
     pt2 = bytearray(blobs[ExportFormat.pt2])
     pt2[len(pt2) // 2 :] = bytes(len(pt2) - len(pt2) // 2)  # its weights' second half zeroed
     blobs[ExportFormat.pt2] = bytes(pt2)
-    with fresh_checker() as checker:
+    with fresh_checker(list(blobs)) as checker:
         checked = check_in_fresh_process(checker, blobs, x, expected)
     assert checked[ExportFormat.torchscript]["max_abs_diff"] <= tolerance(expected)
     assert "error" in checked[ExportFormat.onnx]
@@ -126,7 +126,7 @@ def test_the_checking_process_imports_neither_trainq_nor_the_service() -> None:
         "{'core', 'api', 'worker', 'sqlalchemy', 'fastapi', 'redis', 'torchvision'}))"
     )
     out = subprocess.run(
-        [sys.executable, "-P", "-c", probe, str(VERIFIER)],
+        [sys.executable, "-P", "-c", probe, str(VERIFIER), *ExportFormat],
         input="\n",  # no folder: nothing to check
         capture_output=True,
         text=True,
