@@ -9,6 +9,7 @@ TorchScript measured in the same run. TorchScript loads with torch.jit.load, pt2
 torch.export.load(...).module(), ONNX with an onnxruntime CPU session.
 
 Prints one JSON object.    python -m bench.predict_formats [--calls 500]
+(OMP_NUM_THREADS=1 puts torch on one thread, as onnxruntime is.)
 """
 
 from __future__ import annotations
