@@ -92,3 +92,13 @@ def test_a_format_the_spec_left_out_is_409_saying_why(service: Service) -> None:
     # Predict falls back to the format the job has.
     r = predict(service, job["id"], json={"images": [[[0.0] * 28] * 28]})
     assert r.status_code == 200 and r.json()["model_format"] == "torchscript", r.text
+
+
+def test_a_format_named_twice_is_422_on_export(service: Service) -> None:
+    r = httpx.post(
+        f"{service.url}/jobs",
+        json={"export": ["onnx", "torchscript", "onnx"]},
+        headers=auth(service.keys[0]),
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "export"]
