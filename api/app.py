@@ -53,7 +53,8 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         title="trainq",
         summary="Training-as-a-service for PyTorch",
         description="Submit training jobs, follow their per-batch metrics live, download "
-        "TorchScript models. Every route but /health, the dashboard and these docs needs "
+        "the models as TorchScript, torch.export (.pt2) or ONNX, and classify images with "
+        "them. Every route but /health, the dashboard and these docs needs "
         "`Authorization: Bearer <key>`.",
         version="0.1.0",
         lifespan=lifespan(settings, redis_url),

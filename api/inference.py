@@ -1,10 +1,13 @@
-"""A job's TorchScript model, and the classes it gives a batch of images.
+"""A job's model, in the format that answers fastest (api.formats.PREDICT_ORDER: ONNX on
+onnxruntime when the job offers it), and the classes it gives a batch of images.
 
 The model comes from the job's own stored artifact, sha256-checked before it is loaded, and
-stays in a small per-process LRU cache keyed by that sha256.
+stays in a small per-process LRU cache keyed by that sha256: a TorchScript or pt2 module, or
+an onnxruntime session.
 
-torch (and torchvision, through core.train.export) is imported on the first prediction, not
-with the API: it adds seconds and hundreds of MB to a process that otherwise never needs it.
+torch (and torchvision, through core.train) and onnxruntime are imported on the first
+prediction, not with the API: they add seconds and hundreds of MB to a process that
+otherwise never needs them.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import read
 from core.db import Database
+from core.spec import ExportFormat
 from core.store import get_artifact
 
 if TYPE_CHECKING:
@@ -29,6 +33,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainq.api.predict")
 MODEL_CACHE_SIZE = 8
+# One intra-op thread per onnxruntime run: a request is at most 256 small images, and the
+# threadpool already runs concurrent requests side by side; a pool per session would spin
+# against torch's and against the other requests' (bench.predict_formats measures this).
+ONNX_THREADS = 1
 
 
 class Prediction(BaseModel):
@@ -40,7 +48,10 @@ class Prediction(BaseModel):
 
 class PredictOut(BaseModel):
     predictions: list[Prediction] = Field(description="One per image, in the order sent.")
-    model_sha256: str = Field(description="The model that answered (its ETag at /model).")
+    model_format: ExportFormat = Field(description="The format of the model that answered.")
+    model_sha256: str = Field(
+        description="The model that answered: its ETag at /model?format=<model_format>."
+    )
 
 
 class ModelCache:
@@ -75,44 +86,49 @@ class ModelCache:
 models = ModelCache(MODEL_CACHE_SIZE)
 
 
-async def classify(request: Request, job_id: str, sha256: str, images: torch.Tensor) -> PredictOut:
-    """The job's model (the one whose artifact has this sha256) applied to `images`."""
+async def classify(
+    request: Request, job_id: str, fmt: ExportFormat, sha256: str, images: torch.Tensor
+) -> PredictOut:
+    """The job's model in `fmt` (the one whose artifact has this sha256) applied to
+    `images`."""
     model, sha = models.get(sha256), sha256
     if model is None:
         db: Database = request.app.state.db
-        blob, sha = await read(db, _stored_model, job_id)
-        model = await run_in_threadpool(_load, job_id, blob, sha)
-    return await run_in_threadpool(_run_model, model, job_id, sha, images)
+        blob, sha = await read(db, _stored_model, job_id, fmt)
+        model = await run_in_threadpool(_load, job_id, fmt, blob, sha)
+    return await run_in_threadpool(_run_model, model, job_id, fmt, sha, images)
 
 
-def _stored_model(session: Session, job_id: str) -> tuple[bytes, str]:
+def _stored_model(session: Session, job_id: str, fmt: ExportFormat) -> tuple[bytes, str]:
     """The artifact's bytes and the sha256 stored with them."""
-    art = get_artifact(session, job_id=job_id)
+    art = get_artifact(session, job_id=job_id, format=fmt)
     if art is None:
-        raise HTTPException(409, detail=f"job {job_id} has no stored model")
+        raise HTTPException(409, detail=f"job {job_id} has no stored {fmt} model")
     return art.data, art.sha256
 
 
-def _load(job_id: str, blob: bytes, sha256: str) -> Any:
-    """The TorchScript model in `blob`, loaded (and cached) only if its bytes match their
-    stored sha256."""
+def _load(job_id: str, fmt: ExportFormat, blob: bytes, sha256: str) -> Any:
+    """The model in `blob`, loaded (and cached) only if its bytes match their stored
+    sha256."""
     if hashlib.sha256(blob).hexdigest() != sha256:
-        log.error("job %s: stored model failed its sha256 check", job_id)
+        log.error("job %s: stored %s model failed its sha256 check", job_id, fmt)
         raise HTTPException(500, detail=f"job {job_id}: the stored model failed its sha256 check")
-    from core.train.export import load_torchscript
+    from core.train.verify_export import load_model
 
     try:
-        model = load_torchscript(blob)
+        model = load_model(fmt, blob, threads=ONNX_THREADS)
     except Exception as e:
-        log.exception("job %s: stored model does not load", job_id)
+        log.exception("job %s: stored %s model does not load", job_id, fmt)
         raise HTTPException(
-            500, detail=f"job {job_id}: the stored model does not load as TorchScript"
+            500, detail=f"job {job_id}: the stored model does not load as {fmt}"
         ) from e
     models.put(sha256, model)
     return model
 
 
-def _run_model(model: Any, job_id: str, sha256: str, images: torch.Tensor) -> PredictOut:
+def _run_model(
+    model: Any, job_id: str, fmt: ExportFormat, sha256: str, images: torch.Tensor
+) -> PredictOut:
     import torch
 
     with torch.inference_mode():
@@ -129,6 +145,7 @@ def _run_model(model: Any, job_id: str, sha256: str, images: torch.Tensor) -> Pr
                 {"class": k, "probabilities": p}
                 for k, p in zip(classes.tolist(), probs.tolist(), strict=True)
             ],
+            "model_format": fmt,
             "model_sha256": sha256,
         }
     )

@@ -39,7 +39,12 @@ class Links(BaseModel):
     metrics: str
     epochs: str
     events: str
-    model: str
+    model: str = Field(description="The TorchScript model (add ?format= for another).")
+    models: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per format the job offers (torchscript, pt2, onnx), its download; "
+        "empty until the job succeeds.",
+    )
     record: str
     cancel: str
 

@@ -30,7 +30,10 @@ def _json(out: Path, step: str) -> dict[str, Any]:
         value: dict[str, Any] = json.loads(text)
         return value
     except (OSError, ValueError) as e:
-        return {"error": f"{step} left no JSON ({type(e).__name__})", "log": _tail(out / f"{step}.log")}
+        return {
+            "error": f"{step} left no JSON ({type(e).__name__})",
+            "log": _tail(out / f"{step}.log"),
+        }
 
 
 def _tests(out: Path) -> dict[str, Any]:

@@ -52,7 +52,11 @@ def cpu_description() -> dict[str, Any]:
     except OSError:
         pass
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-    return {"model": name, "flags": [f for f in wanted if f in flags], "threads": torch.get_num_threads()}
+    return {
+        "model": name,
+        "flags": [f for f in wanted if f in flags],
+        "threads": torch.get_num_threads(),
+    }
 
 
 def summary(run: dict[str, Any]) -> dict[str, Any]:

@@ -153,9 +153,7 @@ def run_trainq(
     )
     started = time.perf_counter()
     seen: list[tuple[float, float]] = []
-    cb = Callbacks(
-        on_epoch=lambda m: seen.append((time.perf_counter() - started, m.test_accuracy))
-    )
+    cb = Callbacks(on_epoch=lambda m: seen.append((time.perf_counter() - started, m.test_accuracy)))
     result = train(spec, data_dir=root, device=str(device), callbacks=cb)
     return {
         "spec_overrides": overrides,

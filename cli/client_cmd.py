@@ -4,10 +4,8 @@ torch (but `download --check`, which loads the model), none of the server's libr
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ from tqdm import tqdm
 from cli.options import spec_from_args
 from client.http import ApiError, Client
 from core.config import Settings
-from core.spec import JobStatus
+from core.spec import ExportFormat, JobStatus
 
 SPARKS = "▁▂▃▄▅▆▇█"
 
@@ -126,10 +124,11 @@ def cancel_command(args: argparse.Namespace) -> int:
 
 
 def download_command(args: argparse.Namespace) -> int:
-    path = args.output or Path(f"trainq-{args.job_id}.pt")
+    fmt = ExportFormat(args.format)
+    path = args.output or Path(f"trainq-{args.job_id}{fmt.suffix}")
     with client() as c:
         try:
-            sha = c.download(args.job_id, path)
+            sha = c.download(args.job_id, path, format=fmt)
             # The model takes the images of its data set: the run record says which shape.
             shape = c.record(args.job_id)["dataset"]["image_shape"] if args.check else None
         except ApiError as e:
@@ -139,16 +138,18 @@ def download_command(args: argparse.Namespace) -> int:
     if shape is not None:
         try:
             import torch
-        except ImportError:
+
+            from core.train.verify_export import load_model
+
+            model = load_model(fmt, path.read_bytes())
+        except ImportError as e:
             print(
-                "trainq: --check loads the model with torch, which this install lacks: "
-                "pip install 'trainq[worker]' (the file is downloaded and its sha256 checked)",
+                f"trainq: --check loads the model, which needs {e.name}, which this install "
+                "lacks: pip install 'trainq[worker]' (the file is downloaded and its sha256 "
+                "checked)",
                 file=sys.stderr,
             )
             return 1
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            model = torch.jit.load(io.BytesIO(path.read_bytes()), map_location="cpu").eval()
         with torch.inference_mode():
             logits = model(torch.zeros(1, *shape))
         print(

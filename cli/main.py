@@ -44,7 +44,7 @@ COMMANDS = {
         "Cancel a queued or running job.", options.id_option, "cli.client_cmd:cancel_command"
     ),
     "download": Command(
-        "Download a job's TorchScript model (sha256 checked).",
+        "Download a job's model: TorchScript, pt2 or ONNX (sha256 checked).",
         options.download_options,
         "cli.client_cmd:download_command",
     ),

@@ -20,7 +20,9 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("job spec (see JobSpec; defaults are the fastest choice)")
     for name, field in JobSpec.model_fields.items():
         default = field.default
-        shown = getattr(default, "value", default)
+        shown = (
+            ",".join(default) if isinstance(default, tuple) else getattr(default, "value", default)
+        )
         group.add_argument(
             f"--{name.replace('_', '-')}",
             dest=f"spec_{name}",
@@ -36,7 +38,10 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     values: dict[str, Any] = json.loads(args.spec.read_text()) if args.spec else {}
     for key, value in vars(args).items():
         if key.startswith("spec_") and value is not None:
-            values[key.removeprefix("spec_")] = value
+            name = key.removeprefix("spec_")
+            # A list field (export) takes its items comma-separated: --export onnx,pt2
+            listed = isinstance(JobSpec.model_fields[name].default, tuple)
+            values[name] = value.split(",") if listed else value
     return JobSpec.model_validate(values)
 
 
@@ -61,16 +66,31 @@ def id_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("job_id")
 
 
+# core.spec.ExportFormat's values, spelled here so that `download --help` builds without
+# the JobSpec (tests/unit/test_cli_imports.py holds the two together).
+MODEL_FORMATS = ("torchscript", "pt2", "onnx")
+
+
 def download_options(p: argparse.ArgumentParser) -> None:
     id_option(p)
-    p.add_argument("-o", "--output", type=Path, help="default trainq-<id>.pt")
+    p.add_argument(
+        "--format",
+        choices=MODEL_FORMATS,
+        default=MODEL_FORMATS[0],
+        help="the model's format (default torchscript); the job lists those it offers",
+    )
+    p.add_argument("-o", "--output", type=Path, help="default trainq-<id>.pt (.pt2, .onnx)")
     p.add_argument("--check", action="store_true", help="load the model and run one image")
 
 
 def train_options(p: argparse.ArgumentParser) -> None:
     add_spec_options(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--output", type=Path, help="where to write the TorchScript model")
+    p.add_argument(
+        "--output",
+        type=Path,
+        help="where to write the TorchScript model; each other format beside it, with its suffix",
+    )
     p.add_argument("--download", action="store_true", help="download the data set if missing")
     p.add_argument("--json", action="store_true", help="print one JSON summary last on stdout")
 

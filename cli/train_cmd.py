@@ -72,17 +72,22 @@ def train_command(args: argparse.Namespace) -> int:
         print(f"trainq: {e.code}: {e.message}", file=sys.stderr)
         return 1
     progress.close()
-    model_path = args.output or settings.data_dir / "models" / f"{result.model_sha256[:12]}.pt"
-    model_path.parent.mkdir(parents=True, exist_ok=True)
-    model_path.write_bytes(result.model)
-    record_path = model_path.with_suffix(".json")
+    first = next(iter(result.models.values()))
+    base = args.output or settings.data_dir / "models" / f"{first.sha256[:12]}.pt"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for fmt, model in result.models.items():
+        paths[fmt] = base.with_suffix(fmt.suffix)
+        paths[fmt].write_bytes(model.data)
+        print(f"model ({fmt}): {paths[fmt]} (sha256 {model.sha256})", file=sys.stderr)
+    record_path = base.with_suffix(".json")
     record_path.write_text(json.dumps(result.record, indent=2))
-    print(f"model: {model_path} (sha256 {result.model_sha256})", file=sys.stderr)
     print(f"run record: {record_path}", file=sys.stderr)
     if args.json:
         summary = {
             **result.summary(),
-            "model_path": str(model_path),
+            "model_path": str(paths[first.format]),
+            "model_paths": {fmt: str(path) for fmt, path in paths.items()},
             "record_path": str(record_path),
         }
         print(json.dumps(summary))

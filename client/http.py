@@ -4,7 +4,7 @@ client = Client("http://127.0.0.1:8000", api_key="...")
 job = client.submit({"dataset": "mnist-sample", "epochs": 3})
 for event in client.events(job["id"]):
     ...
-client.download(job["id"], "model.pt")
+client.download(job["id"], "model.pt")  # or format="pt2" / "onnx", to model.pt2 / .onnx
 """
 
 from __future__ import annotations
@@ -118,11 +118,13 @@ class Client:
                     raise
                 time.sleep(0.5)  # Redis or the database away for a moment
 
-    def download(self, job_id: str, path: Path) -> str:
-        """Stream the model to `path`, checking its sha256 against the ETag. Returns it."""
+    def download(self, job_id: str, path: Path, format: str = "torchscript") -> str:
+        """Stream the model in `format` (torchscript, pt2 or onnx) to `path`, checking its
+        sha256 against the ETag. Returns it."""
         digest = hashlib.sha256()
         tmp = path.with_suffix(path.suffix + ".part")
-        with self.http.stream("GET", f"/jobs/{job_id}/model") as resp:
+        params = {"format": format}
+        with self.http.stream("GET", f"/jobs/{job_id}/model", params=params) as resp:
             if resp.status_code >= 400:
                 resp.read()
                 self._json(resp)

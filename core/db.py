@@ -193,10 +193,12 @@ class Checkpoint(Base):
 
 
 class Artifact(Base):
+    """One format of a job's model (core.spec.ExportFormat), verified when it was stored."""
+
     __tablename__ = "artifacts"
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(32), default="torchscript")
+    format: Mapped[str] = mapped_column(String(32), primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
     sha256: Mapped[str] = mapped_column(String(64))
     size: Mapped[int] = mapped_column(BigInteger)

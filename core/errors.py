@@ -105,7 +105,8 @@ class InternalError(TrainqError):
 
 
 class ExportMismatch(TrainqError):
-    """The reloaded TorchScript model did not reproduce the eager model's logits."""
+    """An exported model, reloaded in a fresh process, did not reproduce the trained model's
+    logits: TorchScript (when asked for), or every format the job asked for."""
 
     code = "export_mismatch"
 

@@ -67,6 +67,21 @@ class DataPath(StrEnum):
     dataloader = "dataloader"  # the classic torch DataLoader over torchvision transforms
 
 
+class ExportFormat(StrEnum):
+    """The formats a trained model leaves in; each is verified against the trained logits."""
+
+    torchscript = "torchscript"  # torch.jit.load: the default download, always supported
+    pt2 = "pt2"  # torch.export.load(...).module()
+    onnx = "onnx"  # onnxruntime.InferenceSession, or any ONNX runtime
+
+    @property
+    def suffix(self) -> str:
+        return _SUFFIXES[self]
+
+
+_SUFFIXES = {ExportFormat.torchscript: ".pt", ExportFormat.pt2: ".pt2", ExportFormat.onnx: ".onnx"}
+
+
 PositiveFloat = Annotated[float, Field(gt=0)]
 
 
@@ -203,6 +218,18 @@ class JobSpec(BaseModel):
         description="Stop after this many steps in all (smoke runs).",
     )
 
+    export: tuple[ExportFormat, ...] = Field(
+        tuple(ExportFormat),
+        title="Model formats",
+        min_length=1,
+        max_length=len(ExportFormat),
+        description="The formats to export the trained model in, each verified against the "
+        "trained model's logits: torchscript, pt2 (torch.export), onnx. A format that fails "
+        "its check is not offered (the run record says why); TorchScript, when asked, must "
+        "pass or the job fails.",
+        json_schema_extra={"uniqueItems": True},
+    )
+
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, v: str) -> str:
@@ -223,6 +250,13 @@ class JobSpec(BaseModel):
             f'unknown data set {v!r}: use one of {", ".join(DATASETS)}, or "ds:<id>" with '
             "the id of a data set uploaded with POST /datasets"
         )
+
+    @field_validator("export")
+    @classmethod
+    def _distinct_formats(cls, v: tuple[ExportFormat, ...]) -> tuple[ExportFormat, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError("each format at most once")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

@@ -21,9 +21,8 @@ from core.errors import (
 from core.spec import JobSpec, JobStatus
 from core.store import end_job, get_job, preempt_job, succeed_job
 from core.stream import publish_status
-from core.train import TrainResult
+from core.train import TrainResult, is_out_of_memory
 from core.train import train as run_training
-from core.train.loop import is_out_of_memory
 from worker.attempt import Attempt, Claim
 from worker.dataset_files import place_dataset
 from worker.reconciler import enqueue_row
@@ -93,8 +92,7 @@ def _succeed(a: Attempt, rec: Recorder, result: TrainResult) -> dict[str, Any]:
             attempt=a.number,
             result=summary,
             record=result.record,
-            model=result.model,
-            sha256=result.model_sha256,
+            models=list(result.models.values()),
         )
     )
     status = JobStatus.succeeded if ok else _status_of(a)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+import onnxscript  # noqa: F401  (the ONNX exporter's: a second of each job's export)
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
 import torchvision  # noqa: F401
 from redis import Redis

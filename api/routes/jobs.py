@@ -23,10 +23,11 @@ from api.auth import Caller
 from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, read
 from api.errors import RETRY_AFTER_S
 from api.events import event_stream
+from api.formats import MEDIA_TYPES, filename, not_offered, offered_formats
 from api.schemas import METRIC_FIELDS, EpochOut, JobOut, JobPage, MetricPage, Problem
 from api.submissions import OutcomeUnknown, Submitter
 from core.db import Job, as_utc
-from core.spec import JobSpec, JobStatus, user_dataset_id
+from core.spec import ExportFormat, JobSpec, JobStatus, user_dataset_id
 from core.store import (
     epoch_metrics,
     get_artifact,
@@ -81,6 +82,7 @@ def job_out(job: Job, caller: Caller, r: Redis | None = None) -> JobOut:
                 "epochs": f"{base}/epochs",
                 "events": f"{base}/events",
                 "model": f"{base}/model",
+                "models": {f: f"{base}/model?format={f}" for f in offered_formats(job)},
                 "record": f"{base}/record",
                 "cancel": f"{base}/cancel",
             },
@@ -320,37 +322,53 @@ def _announce_cancel(r: Redis, job: Job, outcome: JobStatus) -> None:
     methods=["GET", "HEAD"],
     responses={
         **ERRORS,
-        200: {"content": {"application/octet-stream": {}}, "description": "TorchScript file"},
-        409: {"model": Problem, "description": "The job has not succeeded (yet)."},
+        200: {
+            "content": {t: {} for t in dict.fromkeys(MEDIA_TYPES.values())},
+            "description": "The model file: TorchScript (.pt, the default), torch.export "
+            "(.pt2) or ONNX (.onnx). Its ETag is its sha256.",
+        },
+        304: {"description": "If-None-Match holds the ETag: the file has not changed."},
+        409: {
+            "model": Problem,
+            "description": "The job has not succeeded (yet), or offers no model in this "
+            "format: the detail says why (not asked for in its spec, or failed its check).",
+        },
+        422: {"description": "Unknown format."},
     },
-    summary="Download the TorchScript model",
+    summary="Download the model (TorchScript, pt2 or ONNX)",
+    description="Each format is its own file with its own sha256 ETag; the job's "
+    "`links.models` lists those it offers. Every format takes float32 images (N, C, H, W) "
+    "in [0, 1] and returns logits (N, classes); any batch size.",
 )
 def get_model(
     job_id: JobId,
     request: Request,
     session: ReaderDep,
     caller: CallerDep,
+    format: Annotated[
+        ExportFormat, Query(description="torchscript (default), pt2 or onnx.")
+    ] = ExportFormat.torchscript,
     if_none_match: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
     job = visible_job(session, caller, job_id)
     if job.status != JobStatus.succeeded:
         raise HTTPException(409, detail=f"job {job.id} is {job.status}: no model yet")
-    art = get_artifact(session, job_id=job.id)
+    art = get_artifact(session, job_id=job.id, format=format)
     if art is None:
-        raise HTTPException(409, detail=f"job {job.id} has no stored model")
+        raise HTTPException(409, detail=not_offered(job, format))
     etag = f'"{art.sha256}"'
     headers = {
         "ETag": etag,
-        "Content-Disposition": f'attachment; filename="trainq-{job.id}.pt"',
+        "Content-Disposition": f'attachment; filename="{filename(job.id, format)}"',
         "Content-Length": str(art.size),
     }
     if if_none_match == etag:
         return Response(status_code=304, headers={"ETag": etag})
     if request.method == "HEAD":
-        return Response(headers=headers, media_type="application/octet-stream")
+        return Response(headers=headers, media_type=MEDIA_TYPES[format])
     if hashlib.sha256(art.data).hexdigest() != art.sha256:
         raise HTTPException(500, detail="stored model failed its sha256 check")
-    return Response(art.data, headers=headers, media_type="application/octet-stream")
+    return Response(art.data, headers=headers, media_type=MEDIA_TYPES[format])
 
 
 @router.get(

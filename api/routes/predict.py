@@ -1,4 +1,6 @@
-"""POST /jobs/{id}/predict: classify images with a job's TorchScript model.
+"""POST /jobs/{id}/predict: classify images with a job's model, in the format that answers
+fastest on the CPU among those the job offers (api.formats.PREDICT_ORDER: ONNX, then
+TorchScript, then pt2).
 
 Two ways in (api.json_images, api.image_files), one way out (api.inference):
 
@@ -18,13 +20,13 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.access import visible_job
 from api.auth import Caller
 from api.body import BODY_SLACK
 from api.deps import CallerDep, read
+from api.formats import PREDICT_ORDER
 from api.image_files import MAX_FILES, MAX_MULTIPART_BYTES, read_file_images
 from api.inference import PredictOut, classify
 from api.json_images import (
@@ -36,9 +38,9 @@ from api.json_images import (
 )
 from api.routes.jobs import ERRORS, JobId
 from api.schemas import Problem
-from core.db import Artifact
 from core.images import MAX_SIDE
-from core.spec import JobStatus
+from core.spec import ExportFormat, JobStatus
+from core.store import artifact_sha256s
 
 router = APIRouter(prefix="/jobs", tags=["predict"])
 
@@ -73,6 +75,7 @@ _MULTIPART_SCHEMA = {
 class _Target:
     job_id: str
     shape: tuple[int, int, int]  # C, H, W
+    format: ExportFormat
     sha256: str
 
 
@@ -93,7 +96,8 @@ class _Target:
     f"{MAX_IMAGES}, fewer past 3×64×64) or multipart PNG/JPEG `files` (at most {MAX_FILES}, "
     "1 MiB each). "
     "White on black, as MNIST; `invert=true` for dark-on-light images. Returns each "
-    "image's class and probabilities, and the sha256 of the model that answered.",
+    "image's class and probabilities, and the format and sha256 of the model that "
+    "answered: ONNX (on onnxruntime) when the job offers it, else TorchScript, else pt2.",
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -127,17 +131,19 @@ async def predict(
             detail=f'send application/json ({{"images": [...]}}) or multipart/form-data '
             f"(PNG or JPEG files in field 'files'), not {media_type or 'no Content-Type'}",
         )
-    return await classify(request, target.job_id, target.sha256, images)
+    return await classify(request, target.job_id, target.format, target.sha256, images)
 
 
 def _target(session: Session, caller: Caller, job_id: uuid.UUID) -> _Target:
     job = visible_job(session, caller, job_id)
     if job.status != JobStatus.succeeded:
         raise HTTPException(409, detail=f"job {job.id} is {job.status}: no model yet")
-    sha = session.scalar(select(Artifact.sha256).where(Artifact.job_id == job.id))
-    if sha is None:
+    stored = artifact_sha256s(session, job_id=job.id)
+    fmt = next((f for f in PREDICT_ORDER if f in stored), None)
+    if fmt is None:
         raise HTTPException(409, detail=f"job {job.id} has no stored model")
-    return _Target(job_id=job.id, shape=_input_shape(job.id, job.record), sha256=sha)
+    shape = _input_shape(job.id, job.record)
+    return _Target(job_id=job.id, shape=shape, format=fmt, sha256=stored[fmt])
 
 
 def _input_shape(job_id: str, record: dict[str, Any] | None) -> tuple[int, int, int]:

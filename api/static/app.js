@@ -331,6 +331,12 @@ function inputFor(name, field) {
     input.value = field.default === undefined || field.default === null ? "" : String(field.default);
     return { input, kind: base.type };
   }
+  if (base.type === "array") {
+    // A list of choices (the model formats): typed comma-separated, sent as a list.
+    const input = el("input", { type: "text", name, id: `f-${name}` });
+    input.value = (field.default ?? []).join(",");
+    return { input, kind: "list" };
+  }
   const input = el("input", { type: "text", name, id: `f-${name}` });
   input.value = field.default ?? "";
   return { input, kind: "string" };
@@ -402,6 +408,8 @@ function changedSpec() {
     else if (f.kind === "integer" || f.kind === "number") {
       if (f.input.validity.badInput) problems.push([name, "not a number"]);
       else body[name] = f.input.value === "" ? null : Number(f.input.value);
+    } else if (f.kind === "list") {
+      body[name] = f.input.value.split(",").map((v) => v.trim()).filter(Boolean);
     } else body[name] = f.input.value === "" ? null : f.input.value;
   }
   return { body, problems };

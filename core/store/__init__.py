@@ -25,6 +25,7 @@ from core.store.jobs import (
     stale_queued_jobs,
 )
 from core.store.results import (
+    artifact_sha256s,
     epoch_metrics,
     get_artifact,
     latest_checkpoint,
@@ -37,6 +38,7 @@ from core.store.results import (
 )
 
 __all__ = [
+    "artifact_sha256s",
     "claim_job",
     "create_dataset",
     "create_job",

@@ -17,6 +17,7 @@ from core.store.jobs import fence, requeued, running_attempt, updated
 
 if TYPE_CHECKING:
     from core.train import EpochMetrics, StepMetrics
+    from core.train.metrics import ExportedModel
 
 
 def save_epoch(
@@ -84,11 +85,10 @@ def succeed_job(
     attempt: int,
     result: dict[str, Any],
     record: dict[str, Any],
-    model: bytes,
-    sha256: str,
+    models: Sequence[ExportedModel],
 ) -> bool:
-    """running -> succeeded with its result, run record and model; the checkpoint goes.
-    False if the attempt no longer owns the job."""
+    """running -> succeeded with its result, run record and its model in each verified
+    format; the checkpoint goes. False if the attempt no longer owns the job."""
     succeeded = running_attempt(job_id, attempt).values(
         status=JobStatus.succeeded,
         result=result,
@@ -100,7 +100,10 @@ def succeed_job(
     if not updated(s, succeeded):
         return False
     s.execute(delete(Artifact).where(Artifact.job_id == job_id))
-    s.add(Artifact(job_id=job_id, data=model, sha256=sha256, size=len(model)))
+    s.add_all(
+        Artifact(job_id=job_id, format=m.format, data=m.data, sha256=m.sha256, size=len(m.data))
+        for m in models
+    )
     s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
     return True
 
@@ -153,5 +156,11 @@ def step_metrics(s: Session, *, job_id: str, after: int, limit: int) -> Sequence
     ).all()
 
 
-def get_artifact(s: Session, *, job_id: str) -> Artifact | None:
-    return s.get(Artifact, job_id)
+def get_artifact(s: Session, *, job_id: str, format: str) -> Artifact | None:
+    return s.get(Artifact, (job_id, format))
+
+
+def artifact_sha256s(s: Session, *, job_id: str) -> dict[str, str]:
+    """The sha256 of a job's model per stored format, without reading their bytes."""
+    rows = s.execute(select(Artifact.format, Artifact.sha256).where(Artifact.job_id == job_id))
+    return {fmt: sha for fmt, sha in rows}

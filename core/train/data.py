@@ -23,10 +23,10 @@ from torchvision import datasets, transforms
 
 from core.data_sources import SOURCES, install_hint, verify_installed
 from core.datasets import IDX_NAMES
-from core.train.augment import Affine, random_affine
 from core.errors import DatasetNotFound
 from core.files import write_atomic
 from core.spec import user_dataset_id
+from core.train.augment import Affine, random_affine
 
 _TORCHVISION = {
     "mnist": datasets.MNIST,
@@ -349,4 +349,7 @@ class LoaderBatches:
             x = x.to(self.device, non_blocking=True)
             if self.augment is not None:
                 x = random_affine(x, self.augment, moves)
-            yield x.contiguous(memory_format=self.memory_format), y.to(self.device, non_blocking=True)
+            yield (
+                x.contiguous(memory_format=self.memory_format),
+                y.to(self.device, non_blocking=True),
+            )

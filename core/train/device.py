@@ -59,3 +59,11 @@ def device_name(device: torch.device) -> str:
     import platform
 
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Out of memory on the device or the host, whichever allocator said it."""
+    if isinstance(e, torch.OutOfMemoryError | MemoryError):
+        return True
+    # The CPU allocator's out-of-memory is a plain RuntimeError.
+    return isinstance(e, RuntimeError) and "can't allocate memory" in str(e)

@@ -16,9 +16,15 @@ import torch
 from core.errors import InvalidSpec, OutOfMemory, TrainingDiverged
 from core.spec import JobSpec
 from core.train.data import load_dataset
-from core.train.device import amp_name, device_name, resolve_amp, resolve_device
+from core.train.device import (
+    amp_name,
+    device_name,
+    is_out_of_memory,
+    resolve_amp,
+    resolve_device,
+)
 from core.train.epoch import EpochStats, Limits, train_epoch
-from core.train.export import export_torchscript
+from core.train.export import Exports, export_models
 from core.train.metrics import Callbacks, EpochMetrics, RunInfo, TrainResult
 from core.train.record import run_record
 from core.train.run import Run, no_progress
@@ -36,7 +42,8 @@ def train(
     flush_steps: int = 64,
     flush_seconds: float = 0.2,
 ) -> TrainResult:
-    """Train `spec` on `device` and return the verified TorchScript model with its metrics.
+    """Train `spec` on `device` and return its models, in the formats the spec asks for and
+    each verified, with its metrics.
 
     `history` holds the epochs the run of a `resume` checkpoint already finished: the result
     speaks of the whole run, and a checkpoint that ended the run (a worker lost during
@@ -66,9 +73,8 @@ def train(
                 "the checkpoint given to resume from already ended the run, and the run's "
                 "epoch metrics (history) were not given",
             )
-        model_bytes, sha = export_torchscript(run.eval_model, run.data)
-        run.progress()
-    return _result(run, done, trained, limits, (model_bytes, sha), time.perf_counter() - started)
+        exports = export_models(run.eval_model, run.data, spec.export, run.progress)
+    return _result(run, done, trained, limits, exports, time.perf_counter() - started)
 
 
 def _start(
@@ -158,7 +164,7 @@ def _result(
     done: list[EpochMetrics],
     trained: EpochStats,
     limits: Limits,
-    model: tuple[bytes, str],
+    exports: Exports,
     duration: float,
 ) -> TrainResult:
     last = done[-1]
@@ -175,12 +181,13 @@ def _result(
             else last.images_per_second
         ),
         duration_s=duration,
-        model=model[0],
-        model_sha256=model[1],
+        models=exports.models,
         record={},
         stopped_early=_run_ended(run.spec, done, limits.total_steps)[1],
     )
     result.record = run_record(run.spec, run.dev, run.data, result.summary(), run.amp_dtype)
+    result.record["formats"] = exports.report
+    result.record["export_s"] = round(exports.seconds, 3)
     return result
 
 
@@ -196,14 +203,6 @@ def _run_ended(
     if last.step >= total_steps:
         return True, "max_steps" if last.epoch < spec.epochs else None
     return last.epoch >= spec.epochs, None
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-    """Out of memory on the device or the host, whichever allocator said it."""
-    if isinstance(e, torch.OutOfMemoryError | MemoryError):
-        return True
-    # The CPU allocator's out-of-memory is a plain RuntimeError.
-    return isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
 
 
 @contextmanager

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.spec import ExportFormat
+
 
 @dataclass(frozen=True, slots=True)
 class StepMetrics:
@@ -63,6 +65,15 @@ class Callbacks:
     should_preempt: Callable[[], bool] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ExportedModel:
+    """One format of the trained model, verified against its logits."""
+
+    format: ExportFormat
+    data: bytes
+    sha256: str
+
+
 @dataclass
 class TrainResult:
     epochs: list[EpochMetrics]
@@ -72,8 +83,7 @@ class TrainResult:
     train_loss: float
     images_per_second: float
     duration_s: float
-    model: bytes  # TorchScript, verified by reload
-    model_sha256: str
+    models: dict[ExportFormat, ExportedModel]  # the spec's formats that passed their check
     record: dict[str, Any]
     stopped_early: str | None = None
 

@@ -13,7 +13,7 @@ import torch
 
 from client.http import ApiError
 from core.train.data import load_dataset
-from core.train.export import load_torchscript
+from core.train.verify_export import load_torchscript
 from tests.service import Service, wait_until
 
 

@@ -1,6 +1,7 @@
 """`pip install trainq`, without extras, is the light client: in a fresh venv it submits a
 job over HTTP and enqueues one through the queue contract onto a real service, and neither
-torch, torchvision, sqlalchemy nor fastapi is installed there, let alone imported."""
+torch, torchvision, sqlalchemy, fastapi nor onnx (or onnxruntime) is installed there, let alone
+imported."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tests.service import REPO, Service, status_of, wait_until
 
 pytestmark = pytest.mark.slow
 
-HEAVY = ("torch", "torchvision", "sqlalchemy", "fastapi")
+HEAVY = ("torch", "torchvision", "sqlalchemy", "fastapi", "onnx", "onnxscript", "onnxruntime")
 PIP_TIMEOUT_S = 600
 
 PRODUCER = """

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, select, text
+from sqlalchemy.exc import IntegrityError
 
-from core.db import Base, make_engine
-from core.local.migrate import upgrade
+from core.db import Artifact, Base, Database, make_engine, utcnow
+from core.local.migrate import alembic_config, upgrade
+from tests.db import new_job
+from tests.integration.conftest import database
 
 
 def test_migrations_reach_the_models(database_url: str) -> None:
@@ -22,3 +29,40 @@ def test_migrations_reach_the_models(database_url: str) -> None:
         engine.dispose()
     assert diff == []
     assert {"jobs", "epoch_metrics", "step_metrics", "checkpoints", "artifacts"} <= tables
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_0006_keeps_a_stored_torchscript_model_and_takes_more_formats(
+    kind: str, tmp_path: Path
+) -> None:
+    with database(kind, tmp_path) as url:
+        upgrade(url, "0005")
+        db = Database(url)
+        try:
+            job_id = new_job(db)
+            with db.writer() as s:
+                s.execute(
+                    text(
+                        "INSERT INTO artifacts (job_id, kind, data, sha256, size, created_at) "
+                        "VALUES (:job_id, 'torchscript', :data, :sha, 3, :at)"
+                    ),
+                    {"job_id": job_id, "data": b"pt!", "sha": "a" * 64, "at": utcnow()},
+                )
+            upgrade(url)
+            with db.writer() as s:
+                stored = s.get(Artifact, (job_id, "torchscript"))
+                assert stored is not None
+                assert (stored.data, stored.sha256, stored.size) == (b"pt!", "a" * 64, 3)
+                s.add(Artifact(job_id=job_id, format="onnx", data=b"o", sha256="b" * 64, size=1))
+            with db.writer() as s:
+                formats = s.scalars(select(Artifact.format).where(Artifact.job_id == job_id))
+                assert sorted(formats) == ["onnx", "torchscript"]
+                s.add(Artifact(job_id=job_id, format="onnx", data=b"o", sha256="b" * 64, size=1))
+                with pytest.raises(IntegrityError):
+                    s.flush()  # one row per (job, format)
+            command.downgrade(alembic_config(url), "0005")  # TorchScript alone stays
+            with db.writer() as s:
+                rows = s.execute(text("SELECT job_id, kind, data FROM artifacts")).all()
+                assert [tuple(r) for r in rows] == [(job_id, "torchscript", b"pt!")]
+        finally:
+            db.dispose()

@@ -9,7 +9,7 @@ import pytest
 
 from core.db import Database, utcnow
 from core.errors import JobSuperseded
-from core.spec import JobStatus
+from core.spec import ExportFormat, JobStatus
 from core.store import (
     claim_job,
     end_job,
@@ -22,7 +22,10 @@ from core.store import (
     succeed_job,
 )
 from core.train import EpochMetrics, StepMetrics
+from core.train.metrics import ExportedModel
 from tests.db import new_job
+
+MODEL = ExportedModel(ExportFormat.torchscript, b"m", "0" * 64)
 
 
 def point(step: int, loss: float) -> StepMetrics:
@@ -37,9 +40,7 @@ def test_terminal_status_never_reverts(db: Database) -> None:
         assert end_job(s, job_id=job_id, status=JobStatus.failed, code="x", message="y")
     with db.writer() as s:
         assert claim_job(s, job_id=job_id, worker="w2", device="cpu") is None
-        assert not succeed_job(
-            s, job_id=job_id, attempt=1, result={}, record={}, model=b"m", sha256="0"
-        )
+        assert not succeed_job(s, job_id=job_id, attempt=1, result={}, record={}, models=[MODEL])
         assert not end_job(s, job_id=job_id, status=JobStatus.canceled)
         assert request_cancel(s, job_id=job_id) is None
     with db.writer() as s:
@@ -86,7 +87,5 @@ def test_a_requeued_jobs_old_attempt_is_fenced_off(db: Database) -> None:
     with pytest.raises(JobSuperseded), db.writer() as s:
         save_epoch(s, job_id=job_id, attempt=1, epoch=epoch, steps=[point(1, 1.0)], checkpoint=None)
     with db.writer() as s:
-        assert not succeed_job(
-            s, job_id=job_id, attempt=1, result={}, record={}, model=b"m", sha256="0"
-        )
+        assert not succeed_job(s, job_id=job_id, attempt=1, result={}, record={}, models=[MODEL])
         assert heartbeat(s, job_id=job_id, attempt=2) is False

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from core.errors import JobSuperseded
 from core.queue import enqueue_job
-from core.spec import JobSpec, JobStatus
+from core.spec import ExportFormat, JobSpec, JobStatus
 from core.store import (
     create_job,
     end_job,
@@ -33,6 +33,7 @@ from core.stream import (
     publish_steps,
 )
 from core.train import StepMetrics
+from core.train.metrics import ExportedModel
 from tests.job_life.attempt import (
     EPOCHS,
     STEPS_PER_EPOCH,
@@ -166,8 +167,7 @@ class JobModel(RuleBasedStateMachine):
                 attempt=a.number,
                 result={"ok": 1},
                 record={},
-                model=b"model",
-                sha256="0" * 64,
+                models=[ExportedModel(ExportFormat.torchscript, b"model", "0" * 64)],
             )
         assert moved == self.owns_db(a)
         if moved:

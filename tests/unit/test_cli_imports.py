@@ -100,3 +100,10 @@ def test_the_help_still_names_every_command() -> None:
         assert name in out.stdout
     for name in ("migrate", "serve", "worker", "up"):
         assert name in out.stdout
+
+
+def test_download_offers_every_model_format() -> None:
+    from cli.options import MODEL_FORMATS
+    from core.spec import ExportFormat
+
+    assert tuple(ExportFormat) == MODEL_FORMATS

@@ -14,8 +14,8 @@ import torch
 from core.spec import JobSpec
 from core.train import TrainResult, train
 from core.train.data import load_dataset, user_dataset_path
-from core.train.export import load_torchscript
 from core.train.run import Run
+from core.train.verify_export import load_torchscript
 from tests.conftest import Recorder
 
 REPORTED = ("test_accuracy", "test_loss", "train_loss", "epochs", "steps", "stopped_early")
@@ -23,7 +23,7 @@ REPORTED = ("test_accuracy", "test_loss", "train_loss", "epochs", "steps", "stop
 
 def logits(result: TrainResult, images: torch.Tensor) -> torch.Tensor:
     with torch.inference_mode():
-        return load_torchscript(result.model)(images)
+        return load_torchscript(result.models["torchscript"].data)(images)
 
 
 @pytest.mark.slow  # two training runs

@@ -31,6 +31,9 @@ def field_of(exc: pytest.ExceptionInfo[ValidationError]) -> set[str]:
         ({"grad_clip_norm": 0}, "grad_clip_norm"),
         ({"target_accuracy": 1.5}, "target_accuracy"),
         ({"learning_rate": 0.1}, "learning_rate"),  # unknown field
+        ({"export": []}, "export"),
+        ({"export": ["onnx", "pt2", "onnx"]}, "export"),
+        ({"export": ["tflite"]}, "export.0"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(values: dict[str, Any], field: str) -> None:

@@ -15,7 +15,7 @@ from core.errors import DatasetNotFound
 from core.spec import JobSpec
 from core.train import train
 from core.train.data import load_dataset
-from core.train.export import load_torchscript
+from core.train.verify_export import load_torchscript
 from core.uploads import parse_upload
 from tests.uploads import npz_bytes, place
 
@@ -48,6 +48,6 @@ def test_trainer_on_an_rgb_non_square_set(data_path: str, tmp_path: Path) -> Non
     result = train(spec, data_dir=tmp_path)
     assert result.record["dataset"]["image_shape"] == [3, 20, 12]
     assert result.record["dataset"]["name"] == name
-    model = load_torchscript(result.model)
+    model = load_torchscript(result.models["torchscript"].data)
     logits = model(torch.rand(4, 3, 20, 12))
     assert logits.shape == (4, 5)

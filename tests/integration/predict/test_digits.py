@@ -48,7 +48,10 @@ def test_json_digits_are_classified(service: Service, job_id: str, classified: C
         assert math.isclose(sum(probs), 1, abs_tol=1e-4)
         assert p["class"] == max(range(10), key=probs.__getitem__)
     # The model that answered is the job's stored model (its ETag is its sha256).
-    head = httpx.head(f"{service.url}/jobs/{job_id}/model", headers=auth(service.keys[0]))
+    fmt = classified.result["model_format"]
+    head = httpx.head(
+        f"{service.url}/jobs/{job_id}/model?format={fmt}", headers=auth(service.keys[0])
+    )
     assert head.headers["etag"] == f'"{classified.result["model_sha256"]}"'
 
 
@@ -123,14 +126,22 @@ def test_stored_model_failing_its_sha256_is_500(service: Service, job_id: str) -
     db = Database(service.database_url)
     try:
         with db.writer() as s:
-            real = s.get(Artifact, job_id)
+            real = s.get(Artifact, (job_id, "onnx"))  # the format predict runs
             assert real is not None
             sha = real.sha256
-            s.execute(update(Artifact).where(Artifact.job_id == job_id).values(sha256="0" * 64))
+            s.execute(
+                update(Artifact)
+                .where(Artifact.job_id == job_id, Artifact.format == "onnx")
+                .values(sha256="0" * 64)
+            )
         r = predict(service, job_id, json=zeros(1))
         assert r.status_code == 500 and "sha256" in r.json()["detail"], r.text
         with db.writer() as s:
-            s.execute(update(Artifact).where(Artifact.job_id == job_id).values(sha256=sha))
+            s.execute(
+                update(Artifact)
+                .where(Artifact.job_id == job_id, Artifact.format == "onnx")
+                .values(sha256=sha)
+            )
         assert predict(service, job_id, json=zeros(1)).status_code == 200
     finally:
         db.dispose()

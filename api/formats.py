@@ -1,0 +1,53 @@
+"""A job's model formats over HTTP: how each is served, which ones a job offers, why one is
+not offered, and which one answers predictions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.db import Job
+from core.spec import ExportFormat, JobStatus
+
+MEDIA_TYPES = {
+    ExportFormat.torchscript: "application/octet-stream",
+    ExportFormat.pt2: "application/zip",  # torch.export's archive is a zip file
+    ExportFormat.onnx: "application/x-protobuf",  # an ONNX ModelProto
+}
+
+# POST /jobs/{id}/predict runs the first of these that the job offers: ONNX on onnxruntime
+# answers one request fastest on the CPU, then TorchScript, then pt2 (bench.predict_formats).
+PREDICT_ORDER = (ExportFormat.onnx, ExportFormat.torchscript, ExportFormat.pt2)
+
+
+def filename(job_id: str, fmt: ExportFormat) -> str:
+    return f"trainq-{job_id}{fmt.suffix}"
+
+
+def offered_formats(job: Job) -> list[ExportFormat]:
+    """The formats whose model the job stored, as its run record lists them. A job that
+    finished before models had formats stored TorchScript alone."""
+    if job.status != JobStatus.succeeded:
+        return []
+    formats = _record_formats(job)
+    if formats is None:
+        return [ExportFormat.torchscript]
+    return [ExportFormat(f) for f, entry in formats.items() if entry.get("ok")]
+
+
+def not_offered(job: Job, fmt: ExportFormat) -> str:
+    """Why the succeeded `job` has no model in `fmt`, and what it has instead."""
+    offered = ", ".join(offered_formats(job)) or "none"
+    asked = job.spec.get("export", [ExportFormat.torchscript])
+    entry = (_record_formats(job) or {}).get(fmt, {})
+    if fmt not in asked:
+        why = f"its spec did not ask for it (export: {', '.join(asked)})"
+    elif entry.get("error"):
+        why = f"it failed: {entry['error']}"
+    else:
+        why = "none was stored"
+    return f"job {job.id} offers no {fmt} model: {why}. Formats offered: {offered}"
+
+
+def _record_formats(job: Job) -> dict[str, dict[str, Any]] | None:
+    formats = (job.record or {}).get("formats")
+    return formats if isinstance(formats, dict) else None
