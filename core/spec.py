@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -187,6 +187,13 @@ class JobSpec(BaseModel):
     )
     conv1_channels: int = Field(32, title="First conv layer channels", ge=1, le=512)
     conv2_channels: int = Field(64, title="Second conv layer channels", ge=1, le=1024)
+    conv3_channels: int = Field(
+        128,
+        title="Third conv layer channels",
+        ge=0,
+        le=2048,
+        description="A third conv block (0: the seed's two blocks).",
+    )
     hidden: int = Field(
         128, title="Hidden units", ge=1, le=8192, description="Width of the fully connected layer."
     )
@@ -263,3 +270,21 @@ class JobSpec(BaseModel):
         if self.scheduler is Scheduler.cosine and self.min_lr > self.lr:
             raise ValueError("min_lr must not exceed lr for the cosine schedule")
         return self
+
+
+# What a stored spec meant before each of these fields existed: the recipe then. A job's
+# row holds its whole spec as submitted, so a row without one of them was submitted before
+# it existed, and trains (and resumes its checkpoints) with the recipe it was submitted with.
+BEFORE_FIELD: dict[str, object] = {
+    "augment": Augment.none,
+    "ema_decay": None,
+    "conv3_channels": 0,
+}
+
+
+def stored_spec(raw: Any) -> JobSpec:
+    """A spec as stored in a job's row (JobSpec.model_dump), read with the meaning it had
+    when it was stored. Raises pydantic's ValidationError as model_validate does."""
+    if isinstance(raw, dict):
+        raw = {**{k: v for k, v in BEFORE_FIELD.items() if k not in raw}, **raw}
+    return JobSpec.model_validate(raw)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from core.db import Database
 from core.errors import InvalidSpec, field_problems
 from core.queue import VIA_API
-from core.spec import JobSpec, JobStatus, user_dataset_id
+from core.spec import JobSpec, JobStatus, stored_spec, user_dataset_id
 from core.store import create_job, end_job, get_dataset, get_job
 from worker.attempt import Attempt
 from worker.execution import fail
@@ -59,7 +59,7 @@ def _spec_of(a: Attempt) -> tuple[JobSpec | None, InvalidSpec | None]:
                     a.queue_entry,
                     a.job_id,
                 )
-            spec, problem = _validate(row.spec)
+            spec, problem = _validate(row.spec, stored=True)
             return spec, None if spec else InvalidSpec("spec", problem or "invalid")
         spec, problem = _validate(a.raw_spec)
         refused = InvalidSpec("spec", problem or "invalid") if spec is None else None
@@ -97,9 +97,11 @@ def _may_use(s: Session, dataset: str, owner: str | None) -> bool:
     return ds is not None and ds.owner == owner
 
 
-def _validate(raw: Any) -> tuple[JobSpec | None, str | None]:
+def _validate(raw: Any, *, stored: bool = False) -> tuple[JobSpec | None, str | None]:
+    """A row's spec is read as it was stored (core.spec.stored_spec); a queue entry's, from
+    another service, takes today's defaults for what it leaves out."""
     try:
-        return JobSpec.model_validate(raw), None
+        return (stored_spec(raw) if stored else JobSpec.model_validate(raw)), None
     except ValidationError as e:
         return None, "; ".join(field_problems(e))
 

@@ -1,4 +1,4 @@
-"""The seed article's MNIST CNN, with its Kaiming init."""
+"""The seed article's MNIST CNN, with its Kaiming init, and a third conv block by default."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from torch.utils.checkpoint import checkpoint
 
 
 class Net(nn.Module):
-    """conv(c→c1,3×3)+BN+ReLU+pool, conv(c1→c2)+BN+ReLU+pool, fc→hidden+ReLU, fc→classes."""
+    """conv(c→c1,3×3)+BN+ReLU+pool, conv(c1→c2)+BN+ReLU+pool, [conv(c2→c3)+BN+ReLU+pool],
+    fc→hidden+ReLU, fc→classes.
+
+    The seed's net is the two blocks (conv3=0). The third block (on 7×7 for MNIST) adds
+    depth where it is cheap and shrinks fc1 (64·7·7 → 128·3·3 inputs): at about the same
+    cost per step it reaches 99.5% on the full MNIST where the two blocks stay near 99.4%
+    (README). On images too small to pool a third time (under 8 pixels a side) it keeps
+    their size."""
 
     def __init__(
         self,
@@ -19,6 +26,7 @@ class Net(nn.Module):
         hidden: int = 128,
         num_classes: int = 10,
         gradient_checkpointing: bool = False,
+        conv3: int = 0,
     ) -> None:
         super().__init__()
         # No conv bias: BatchNorm's shift makes it redundant. Pool before ReLU: the two
@@ -36,7 +44,17 @@ class Net(nn.Module):
             nn.ReLU(inplace=True),
         )
         h, w = image_size[0] // 4, image_size[1] // 4
-        self.fc1 = nn.Linear(conv2 * h * w, hidden)
+        self.block3: nn.Sequential | None = None
+        if conv3:
+            pool = min(h, w) >= 2
+            self.block3 = nn.Sequential(
+                nn.Conv2d(conv2, conv3, 3, padding=1, bias=False),
+                nn.BatchNorm2d(conv3),
+                nn.MaxPool2d(2) if pool else nn.Identity(),
+                nn.ReLU(inplace=True),
+            )
+            h, w = (h // 2, w // 2) if pool else (h, w)
+        self.fc1 = nn.Linear((conv3 or conv2) * h * w, hidden)
         self.fc2 = nn.Linear(hidden, num_classes)
         self.gradient_checkpointing = gradient_checkpointing
         self._init_weights()
@@ -62,6 +80,8 @@ class Net(nn.Module):
             x = checkpoint(self.block2, x, use_reentrant=False)
         else:
             x = self.block2(x)  # (B, c2, H/4, W/4)
+        if self.block3 is not None:
+            x = self.block3(x)  # (B, c3, H/8, W/8)
         # flatten, not view: view fails on a channels_last tensor, and both cost the same.
         x = torch.flatten(x, 1)
         x = torch.relu(self.fc1(x))

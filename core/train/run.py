@@ -54,6 +54,7 @@ class Run:
             hidden=spec.hidden,
             num_classes=data.num_classes,
             gradient_checkpointing=spec.gradient_checkpointing,
+            conv3=spec.conv3_channels,
         ).to(dev)
         if spec.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)

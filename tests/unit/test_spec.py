@@ -59,3 +59,16 @@ def test_defaults_round_trip_through_json() -> None:
     assert again == spec
     assert spec.amp is Amp.auto
     assert spec.channels_last is True
+
+
+def test_a_stored_spec_without_the_recipe_fields_means_the_old_recipe() -> None:
+    from core.spec import BEFORE_FIELD, stored_spec
+
+    full = JobSpec(epochs=3).model_dump(mode="json")
+    assert stored_spec(full) == JobSpec(epochs=3)  # a row of today: read as it is
+    old = {k: v for k, v in full.items() if k not in BEFORE_FIELD}
+    then = stored_spec(old)
+    assert (then.augment, then.ema_decay, then.conv3_channels) == ("none", None, 0)
+    assert then.epochs == 3
+    # Each field that is there wins over the old meaning.
+    assert stored_spec({**old, "conv3_channels": 64}).conv3_channels == 64
