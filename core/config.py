@@ -38,6 +38,12 @@ class Settings(BaseSettings):
         description="A running attempt whose trainer made no progress this long (no step, "
         "no piece of a step-free phase) is hung: it stops beating, so it is declared lost.",
     )
+    export_check_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="The fresh process that checks a trained model's formats answers within "
+        "this long, or the job is retried elsewhere (as a restart) from its final checkpoint.",
+    )
     reconcile_interval_s: float = Field(10.0, gt=0, description="How often workers reconcile.")
     queue_grace_s: float = Field(
         30.0, ge=0, description="A queued job missing from the queue this long is requeued."

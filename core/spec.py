@@ -269,13 +269,54 @@ class JobSpec(BaseModel):
     def _consistent(self) -> JobSpec:
         if self.scheduler is Scheduler.cosine and self.min_lr > self.lr:
             raise ValueError("min_lr must not exceed lr for the cosine schedule")
+        if user_dataset_id(self.dataset) is None:  # the built-in sets: 1×28×28, 10 classes
+            problem = model_too_large(self, (1, 28, 28), 10)
+            if problem:
+                raise ValueError(problem)
         return self
+
+
+# A checkpoint holds ~16 bytes a parameter (weights, AdamW's two moments, the moving
+# average): 30M parameters make ~480 MB, within a database blob (SQLite ~1 GB, PostgreSQL
+# 1 GB) with room to spare, and far past what these data sets need.
+MAX_PARAMETERS = 30_000_000
+
+
+def parameter_count(spec: JobSpec, image_shape: tuple[int, int, int], num_classes: int) -> int:
+    """The parameters of core.train.model.Net built for `spec` on images of `image_shape`
+    (C, H, W): arithmetic only, so the API can refuse a spec before anything is built."""
+    c, h, w = image_shape
+    c1, c2, c3 = spec.conv1_channels, spec.conv2_channels, spec.conv3_channels
+    n = c * c1 * 9 + 2 * c1 + c1 * c2 * 9 + 2 * c2  # convs (no bias) and their BatchNorms
+    h, w, last = h // 4, w // 4, c2
+    if c3:
+        n += c2 * c3 * 9 + 2 * c3
+        if min(h, w) >= 2:
+            h, w = h // 2, w // 2
+        last = c3
+    return n + last * h * w * spec.hidden + spec.hidden + spec.hidden * num_classes + num_classes
+
+
+def model_too_large(
+    spec: JobSpec, image_shape: tuple[int, int, int], num_classes: int
+) -> str | None:
+    """Why the spec's model is too large for these images, or None."""
+    n = parameter_count(spec, image_shape, num_classes)
+    if n <= MAX_PARAMETERS:
+        return None
+    return (
+        f"the model would have {n:,} parameters on {'×'.join(map(str, image_shape))} images "
+        f"(conv1_channels {spec.conv1_channels}, conv2_channels {spec.conv2_channels}, "
+        f"conv3_channels {spec.conv3_channels}, hidden {spec.hidden}): at most "
+        f"{MAX_PARAMETERS:,}. Narrow the layers."
+    )
 
 
 # What a stored spec meant before each of these fields existed: the recipe then. A job's
 # row holds its whole spec as submitted, so a row without one of them was submitted before
 # it existed, and trains (and resumes its checkpoints) with the recipe it was submitted with.
 BEFORE_FIELD: dict[str, object] = {
+    "export": [ExportFormat.torchscript],
     "augment": Augment.none,
     "ema_decay": None,
     "conv3_channels": 0,

@@ -11,6 +11,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from core.errors import (
+    ExportCheckUnavailable,
     InternalError,
     JobSuperseded,
     OutOfMemory,
@@ -19,7 +20,7 @@ from core.errors import (
     TrainqError,
 )
 from core.spec import JobSpec, JobStatus
-from core.store import end_job, get_job, preempt_job, succeed_job
+from core.store import end_job, get_job, preempt_job, retry_job, succeed_job
 from core.stream import publish_status
 from core.train import TrainResult, is_out_of_memory
 from core.train import train as run_training
@@ -55,6 +56,7 @@ def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
             callbacks=rec.callbacks(),
             resume=claim.checkpoint,
             history=claim.history,
+            export_check_timeout_s=a.settings.export_check_timeout_s,
         )
         return _succeed(a, rec, result)
     except JobSuperseded as e:
@@ -71,6 +73,8 @@ def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
         return {"status": "lost"}
     except TrainingPreempted as e:
         return _hand_back(a, claim, rec, e)
+    except ExportCheckUnavailable as e:
+        return _retry(a, claim, rec, e, spec.max_restarts)
     except TrainqError as e:
         rec.flush_history()
         return fail(a, rec.last_step or claim.start_step, e)
@@ -146,6 +150,30 @@ def _hand_back(a: Attempt, claim: Claim, rec: Recorder, e: TrainingPreempted) ->
         log.warning("job %s: preempted, but not enqueued (%s); the reconciler will", a.job_id, re)
     log.info("job %s preempted at step %d; back on the queue as %s", a.job_id, e.step, entry)
     return {"status": JobStatus.queued, "preempted_at_step": e.step}
+
+
+def _retry(
+    a: Attempt, claim: Claim, rec: Recorder, e: ExportCheckUnavailable, max_restarts: int
+) -> dict[str, Any]:
+    """The machine could not check the exported model (its checking process was killed or
+    ran out of time): not the job's fault. The job goes back to the queue as a restart, to
+    resume from its final checkpoint elsewhere (only the export runs again); once its
+    max_restarts are used up, it fails with the reason."""
+    step = rec.last_step or claim.start_step
+    rec.flush_history()
+    job = claim.job
+    if max(a.number - 1 - job.preemptions, 0) >= max_restarts:
+        return fail(a, step, e)
+    entry = f"{a.job_id}-r{a.number}"
+    with a.db.writer() as s:
+        if not retry_job(s, job_id=a.job_id, attempt=a.number, queue_entry=entry):
+            return {"status": "superseded"}
+    log.warning("job %s: %s; back on the queue as %s", a.job_id, e.message, entry)
+    try:
+        enqueue_row(a.r, a.settings, job, entry)
+    except RedisError as re:
+        log.warning("job %s: requeued, but not enqueued (%s); the reconciler will", a.job_id, re)
+    return {"status": JobStatus.queued, "retried": e.code}
 
 
 def fail(a: Attempt, step: int, e: TrainqError) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from api.formats import MEDIA_TYPES, filename, not_offered, offered_formats
 from api.schemas import METRIC_FIELDS, EpochOut, JobOut, JobPage, MetricPage, Problem
 from api.submissions import OutcomeUnknown, Submitter
 from core.db import Job, as_utc
-from core.spec import ExportFormat, JobSpec, JobStatus, user_dataset_id
+from core.spec import ExportFormat, JobSpec, JobStatus, model_too_large, user_dataset_id
 from core.store import (
     epoch_metrics,
     get_artifact,
@@ -132,7 +132,8 @@ def _check_dataset(session: Session, caller: Caller, spec: JobSpec) -> None:
     ds_id = user_dataset_id(spec.dataset)
     if ds_id is None:
         return
-    if visible_dataset(session, caller, ds_id) is None:
+    ds = visible_dataset(session, caller, ds_id)
+    if ds is None:
         problem = {
             "loc": ["body", "dataset"],
             "msg": f"no data set {ds_id}: upload one with POST /datasets, or list yours "
@@ -140,6 +141,11 @@ def _check_dataset(session: Session, caller: Caller, spec: JobSpec) -> None:
             "type": "dataset_not_found",
             "input": spec.dataset,
         }
+        raise HTTPException(422, detail=[problem])
+    c, h, w = ds.image_shape
+    too_large = model_too_large(spec, (c, h, w), ds.num_classes)
+    if too_large:
+        problem = {"loc": ["body"], "msg": too_large, "type": "model_too_large", "input": None}
         raise HTTPException(422, detail=[problem])
 
 

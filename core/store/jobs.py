@@ -257,6 +257,13 @@ def requeue_job(
     return updated(s, silent.values(**requeued(queue_entry, preempted)))
 
 
+def retry_job(s: Session, *, job_id: str, attempt: int, queue_entry: str) -> bool:
+    """A running attempt that met trouble of its machine's, not of the job's, hands the job
+    back: running -> queued, as a restart (it counts against max_restarts). It resumes from
+    its last checkpoint. False if the attempt no longer owns the job."""
+    return updated(s, running_attempt(job_id, attempt).values(**requeued(queue_entry, False)))
+
+
 def stale_queued_jobs(s: Session, *, enqueued_before: DbTime) -> Sequence[Job]:
     return s.scalars(
         select(Job).where(Job.status == JobStatus.queued, Job.enqueued_at < enqueued_before)

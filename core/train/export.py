@@ -12,9 +12,10 @@ import copy
 import hashlib
 import io
 import json
+import os
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -25,15 +26,16 @@ from typing import Any
 
 import torch
 
-from core.errors import ExportMismatch
+from core.errors import ExportCheckUnavailable, ExportMismatch
 from core.spec import ExportFormat
+from core.train import verify_export
 from core.train.data import Dataset
 from core.train.device import is_out_of_memory
 from core.train.metrics import ExportedModel
 from core.train.model import Net, Normalized
 
 VERIFIER = Path(__file__).with_name("verify_export.py")
-VERIFY_TIMEOUT_S = 120.0  # well under the heartbeat's stall timeout
+VERIFY_TIMEOUT_S = 120.0  # Settings.export_check_timeout_s; progress is reported while it runs
 MAX_BATCH = 65536  # JobSpec's largest batch_size
 
 
@@ -56,6 +58,7 @@ def export_models(
     formats: Sequence[ExportFormat],
     progress: Callable[[], None] = lambda: None,
     check_images: int = 256,
+    check_timeout_s: float = VERIFY_TIMEOUT_S,
 ) -> Exports:
     """`formats` of the trained `model`, each checked on real held-out images."""
     started = time.perf_counter()
@@ -65,7 +68,9 @@ def export_models(
         expected = wrapped(x)
     with fresh_checker(formats) as checker:
         blobs, report = _export_each(wrapped, x, formats, progress)
-        checked = check_in_fresh_process(checker, blobs, x, expected)
+        checked = check_in_fresh_process(
+            checker, blobs, x, expected, timeout_s=check_timeout_s, progress=progress
+        )
     progress()
     models = _offered(blobs, checked, tolerance(expected), report)
     _required(formats, models, report)
@@ -136,16 +141,16 @@ def _onnx(exported: torch.export.ExportedProgram, x: torch.Tensor) -> bytes:
 
 
 @contextmanager
-def fresh_checker(formats: Sequence[ExportFormat]) -> Iterator[subprocess.Popen[str]]:
+def fresh_checker(formats: Sequence[ExportFormat]) -> Iterator[subprocess.Popen[bytes]]:
     """A new Python process that will check the formats (core.train.verify_export): what a
     user who downloads them does. Started before the exports, so that its imports (torch's
-    seconds) overlap them; it waits for the folder to check on its stdin."""
+    seconds) overlap them; it waits for what to check on its stdin. It dies with the
+    process that started it (a worker killed with -9 leaves no checker behind)."""
     proc = subprocess.Popen(
-        [sys.executable, "-P", str(VERIFIER), *formats],
+        [sys.executable, "-P", str(VERIFIER), f"--parent={os.getpid()}", *formats],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         yield proc
@@ -156,29 +161,51 @@ def fresh_checker(formats: Sequence[ExportFormat]) -> Iterator[subprocess.Popen[
 
 
 def check_in_fresh_process(
-    checker: subprocess.Popen[str],
+    checker: subprocess.Popen[bytes],
     blobs: dict[ExportFormat, bytes],
     x: torch.Tensor,
     expected: torch.Tensor,
+    *,
+    timeout_s: float = VERIFY_TIMEOUT_S,
+    progress: Callable[[], None] = lambda: None,
 ) -> dict[str, dict[str, Any]]:
-    """Each blob loaded and run by `checker` on `x`. Per format: max_abs_diff, or error."""
-    with tempfile.TemporaryDirectory(prefix="trainq-export-") as tmp:
-        folder = Path(tmp)
-        torch.save(x, folder / "input.pt")
-        torch.save(expected, folder / "expected.pt")
-        for fmt, blob in blobs.items():
-            (folder / fmt.value).write_bytes(blob)
-        try:
-            out, err = checker.communicate(f"{folder}\n", timeout=VERIFY_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            checker.kill()
-            checker.communicate()
-            why = f"the check did not finish in {VERIFY_TIMEOUT_S:.0f} s"
-            return {fmt: {"error": why} for fmt in blobs}
+    """Each blob loaded and run by `checker` on `x`. Per format: max_abs_diff, or error.
+    Everything goes over the pipe: no temporary file. While it waits, `progress` is called
+    every few seconds (the worker's heartbeat sees a live attempt). A checker that cannot
+    answer (killed, out of time, unreadable output) is ExportCheckUnavailable: not the
+    model's fault, and the job is retried rather than failed as a mismatch."""
+    data = verify_export.encode(x, expected, {f.value: b for f, b in blobs.items()})
+    answer: list[tuple[bytes, bytes]] = []
+    # communicate() in a thread: one call with a timeout and a retry would drop the input
+    # not yet written (CPython sends input only on the first call).
+    talk = threading.Thread(target=lambda: answer.append(checker.communicate(data)), daemon=True)
+    talk.start()
+    deadline = time.monotonic() + timeout_s
+    while talk.is_alive():
+        talk.join(timeout=min(5.0, max(deadline - time.monotonic(), 0.01)))
+        if talk.is_alive():
+            progress()
+            if time.monotonic() >= deadline:
+                checker.kill()
+                talk.join()
+                raise ExportCheckUnavailable(
+                    f"the fresh process checking the model's formats did not finish in "
+                    f"{timeout_s:.0f} s"
+                )
+    if not answer:
+        raise ExportCheckUnavailable("the fresh process checking the model's formats failed")
+    out, err = answer[0]
     if checker.returncode != 0:
-        why = f"the checking process exited {checker.returncode}: {err.strip()[-300:]}"
-        return {fmt: {"error": why} for fmt in blobs}
-    checked: dict[str, dict[str, Any]] = json.loads(out)
+        tail = err.decode(errors="replace").strip()[-300:]
+        raise ExportCheckUnavailable(
+            f"the fresh process checking the model's formats exited {checker.returncode}: {tail}"
+        )
+    try:
+        checked: dict[str, dict[str, Any]] = json.loads(out)
+    except ValueError as e:
+        raise ExportCheckUnavailable(
+            f"the fresh process checking the model's formats answered no JSON ({e})"
+        ) from e
     return checked
 
 

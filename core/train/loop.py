@@ -24,7 +24,7 @@ from core.train.device import (
     resolve_device,
 )
 from core.train.epoch import EpochStats, Limits, train_epoch
-from core.train.export import Exports, export_models
+from core.train.export import VERIFY_TIMEOUT_S, Exports, export_models
 from core.train.metrics import Callbacks, EpochMetrics, RunInfo, TrainResult
 from core.train.record import run_record
 from core.train.run import Run, no_progress
@@ -41,6 +41,7 @@ def train(
     download: bool = False,
     flush_steps: int = 64,
     flush_seconds: float = 0.2,
+    export_check_timeout_s: float = VERIFY_TIMEOUT_S,
 ) -> TrainResult:
     """Train `spec` on `device` and return its models, in the formats the spec asks for and
     each verified, with its metrics.
@@ -73,7 +74,13 @@ def train(
                 "the checkpoint given to resume from already ended the run, and the run's "
                 "epoch metrics (history) were not given",
             )
-        exports = export_models(run.eval_model, run.data, spec.export, run.progress)
+        exports = export_models(
+            run.eval_model,
+            run.data,
+            spec.export,
+            run.progress,
+            check_timeout_s=export_check_timeout_s,
+        )
     return _result(run, done, trained, limits, exports, time.perf_counter() - started)
 
 

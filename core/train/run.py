@@ -12,7 +12,8 @@ from typing import Any, Protocol, cast
 import torch
 from torch import nn
 
-from core.spec import DataPath, JobSpec, Optimizer, Scheduler
+from core.errors import InvalidSpec
+from core.spec import DataPath, JobSpec, Optimizer, Scheduler, model_too_large
 from core.train.augment import augmenter
 from core.train.data import Dataset, ResidentBatches, loader_batches
 from core.train.ema import Ema
@@ -46,6 +47,9 @@ class Run:
         self.data = data
         self.progress = progress
         c, h, w = data.image_shape
+        too_large = model_too_large(spec, (c, h, w), data.num_classes)
+        if too_large:  # the API refuses it; a spec sent straight to the queue meets it here
+            raise InvalidSpec("spec", too_large)
         self.model = Net(
             in_channels=c,
             image_size=(h, w),

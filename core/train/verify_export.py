@@ -3,23 +3,27 @@ model's formats in a fresh process.
 
 `python -P core/train/verify_export.py FORMAT...` (run by its path, with -P: nothing of
 trainq is importable) imports torch, and what loading those formats takes (onnxruntime for
-onnx), and nothing else: none of the trainer, the API or the database. It reads the path of
-a folder from stdin; the folder holds `input.pt` (float images), `expected.pt` (the trained
-model's logits on them) and one file per format to check, named after the format. It
-prints one JSON object: per format, the largest absolute difference of its logits from the
-expected ones, or why it failed.
+onnx), and nothing else: none of the trainer, the API or the database. What it checks
+comes on stdin (no file anywhere: nothing to leave behind, no disk to fill): one line of
+JSON, {"shape": [N, C, H, W], "classes": K, "formats": {format: bytes, ...}}, then the images
+(N·C·H·W float32), the trained model's logits on them (N·K float32) and each format's
+bytes, in that order. It prints one JSON object: per format, the largest absolute
+difference of its logits from the expected ones, or why it failed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import io
 import json
 import math
+import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 
@@ -81,30 +85,82 @@ def check(model: Model, x: torch.Tensor, expected: torch.Tensor) -> float:
     return worst
 
 
-def check_folder(folder: Path) -> dict[str, dict[str, Any]]:
-    x = torch.load(folder / "input.pt")
-    expected = torch.load(folder / "expected.pt")
+def encode(x: torch.Tensor, expected: torch.Tensor, blobs: dict[str, bytes]) -> bytes:
+    """What the checking process reads on stdin (see the module's docstring)."""
+    header = {
+        "shape": list(x.shape),
+        "classes": expected.shape[1],
+        "formats": {fmt: len(blob) for fmt, blob in blobs.items()},
+    }
+    return b"".join(
+        [
+            json.dumps(header).encode() + b"\n",
+            x.detach().to(torch.float32).contiguous().numpy().tobytes(),
+            expected.detach().to(torch.float32).contiguous().numpy().tobytes(),
+            *blobs.values(),
+        ]
+    )
+
+
+def decode(stream: IO[bytes]) -> tuple[torch.Tensor, torch.Tensor, dict[str, bytes]]:
+    header = json.loads(stream.readline())
+    shape = [int(n) for n in header["shape"]]
+    classes = int(header["classes"])
+
+    def read(size: int) -> bytes:
+        data = stream.read(size)
+        if len(data) != size:
+            raise ValueError(f"stdin ended after {len(data)} of {size} bytes")
+        return data
+
+    def floats(count: int, shape: list[int]) -> torch.Tensor:
+        return torch.frombuffer(bytearray(read(4 * count)), dtype=torch.float32).view(shape)
+
+    x = floats(math.prod(shape), shape)
+    expected = floats(shape[0] * classes, [shape[0], classes])
+    blobs = {str(fmt): read(int(size)) for fmt, size in header["formats"].items()}
+    return x, expected, blobs
+
+
+def check_all(
+    x: torch.Tensor, expected: torch.Tensor, blobs: dict[str, bytes]
+) -> dict[str, dict[str, Any]]:
     report: dict[str, dict[str, Any]] = {}
     for fmt in FORMATS:
-        path = folder / fmt
-        if not path.exists():
+        if fmt not in blobs:
             continue
         try:
-            report[fmt] = {"max_abs_diff": check(load_model(fmt, path.read_bytes()), x, expected)}
+            report[fmt] = {"max_abs_diff": check(load_model(fmt, blobs[fmt]), x, expected)}
         except Exception as e:  # any way a format fails is reported, not raised
             report[fmt] = {"error": f"{type(e).__name__}: {e}"[:500]}
     return report
 
 
-def main(formats: list[str]) -> None:
+def die_with(parent: int) -> None:
+    """SIGKILL this process when `parent` dies (Linux's PR_SET_PDEATHSIG; elsewhere the
+    closed stdin ends it), and exit now if it died already."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    if os.getppid() != parent:
+        sys.exit(3)
+
+
+def main(args: list[str]) -> None:
     # Started before the exports it checks: what loading the formats to come imports is
-    # imported while they run. Then the folder to check comes on stdin.
+    # imported while they run. Then what to check comes on stdin.
+    parents = [a for a in args if a.startswith("--parent=")]
+    if parents:
+        die_with(int(parents[0].removeprefix("--parent=")))
+    formats = [a for a in args if a not in parents]
     if "pt2" in formats:
         import torch._export.serde.serialize  # noqa: F401
     if "onnx" in formats:
         import onnxruntime  # noqa: F401
-    folder = sys.stdin.readline().strip()
-    print(json.dumps(check_folder(Path(folder)) if folder else {}))
+    stream = cast(io.BufferedReader, sys.stdin.buffer)
+    if stream.peek(1)[:1] in (b"", b"\n"):  # nothing to check
+        print("{}")
+        return
+    print(json.dumps(check_all(*decode(stream))))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,21 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # The schema before this one holds TorchScript alone: a job whose only models are other
+    # formats would stay `succeeded` with nothing to download. Refuse, naming them.
+    stranded = op.get_bind().execute(
+        sa.text(
+            "SELECT DISTINCT job_id FROM artifacts WHERE job_id NOT IN "
+            "(SELECT job_id FROM artifacts WHERE format = 'torchscript')"
+        )
+    )
+    jobs = [row[0] for row in stranded]
+    if jobs:
+        raise RuntimeError(
+            f"cannot downgrade below 0006: {len(jobs)} job(s) offer no TorchScript model and "
+            f"would be left with none ({', '.join(jobs[:10])}{', ...' if len(jobs) > 10 else ''}"
+            "); delete those jobs' artifacts first, or stay on this version"
+        )
     op.execute("DELETE FROM artifacts WHERE format <> 'torchscript'")
     _rekey(old="format", new="kind", key=["job_id"])
 

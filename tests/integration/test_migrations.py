@@ -66,3 +66,22 @@ def test_0006_keeps_a_stored_torchscript_model_and_takes_more_formats(
                 assert [tuple(r) for r in rows] == [(job_id, "torchscript", b"pt!")]
         finally:
             db.dispose()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_0006_refuses_to_downgrade_a_job_it_would_leave_without_a_model(
+    kind: str, tmp_path: Path
+) -> None:
+    with database(kind, tmp_path) as url:
+        upgrade(url)
+        db = Database(url)
+        try:
+            job_id = new_job(db)
+            with db.writer() as s:
+                s.add(Artifact(job_id=job_id, format="onnx", data=b"o", sha256="b" * 64, size=1))
+            with pytest.raises(RuntimeError, match=f"1 job.*no TorchScript.*{job_id}"):
+                command.downgrade(alembic_config(url), "0005")
+            with db.writer() as s:  # nothing was taken
+                assert s.get(Artifact, (job_id, "onnx")) is not None
+        finally:
+            db.dispose()

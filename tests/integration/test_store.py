@@ -89,3 +89,22 @@ def test_a_requeued_jobs_old_attempt_is_fenced_off(db: Database) -> None:
     with db.writer() as s:
         assert not succeed_job(s, job_id=job_id, attempt=1, result={}, record={}, models=[MODEL])
         assert heartbeat(s, job_id=job_id, attempt=2) is False
+
+
+def test_an_artifacts_bytes_are_read_only_when_used(db: Database) -> None:
+    """HEAD, 304 and predict's cache hits read an artifact's row, not its model: a model
+    is loaded into memory only for a download's body or predict's load."""
+    from sqlalchemy import inspect
+
+    from core.store import get_artifact
+    from tests.db import running_job
+
+    job_id = running_job(db)
+    model = ExportedModel(ExportFormat.onnx, b"x" * 4096, "1" * 64)
+    with db.writer() as s:
+        assert succeed_job(s, job_id=job_id, attempt=1, result={}, record={}, models=[model])
+    with db.reader() as s:
+        art = get_artifact(s, job_id=job_id, format=ExportFormat.onnx)
+        assert art is not None and (art.sha256, art.size) == ("1" * 64, 4096)
+        assert "data" in inspect(art).unloaded
+        assert art.data == model.data  # loaded on first use, in the same session

@@ -268,3 +268,23 @@ def test_an_archive_fetched_elsewhere_installs_with_no_registry_tool(
     assert out.returncode == 1
     assert "is not the pinned file" in out.stderr
     assert file_problems(MNIST, tmp_path / "other") != []
+
+
+@pytest.mark.parametrize("kind", ["long-name", "pax"])
+def test_a_header_claiming_gigabytes_is_refused_within_the_cap(kind: str) -> None:
+    """tarfile reads a GNU long name or a pax header whole before any member is seen: a
+    1 MB gzip that claims a 1.5 GB header is refused at the cap, never read whole."""
+    size = 1_500_000_000
+    info = tarfile.TarInfo("x")
+    info.type = tarfile.GNUTYPE_LONGNAME if kind == "long-name" else tarfile.XHDTYPE
+    info.size = size
+    raw = io.BytesIO()
+    with gzip.GzipFile(fileobj=raw, mode="wb") as gz:
+        gz.write(info.tobuf(format=tarfile.GNU_FORMAT))
+        chunk = b"a" * (1 << 20)
+        for _ in range(200):  # 200 MB of header payload: past the cap, far short of 1.5 GB
+            gz.write(chunk)
+    raw.seek(0)
+    assert len(raw.getvalue()) < 2 << 20
+    with pytest.raises(DataFetchFailed, match="runs past"):
+        read_pinned_members(raw, MNIST)
