@@ -145,7 +145,7 @@ def _check_dataset(session: Session, caller: Caller, spec: JobSpec) -> None:
     c, h, w = ds.image_shape
     too_large = model_too_large(spec, (c, h, w), ds.num_classes)
     if too_large:
-        problem = {"loc": ["body"], "msg": too_large, "type": "model_too_large", "input": None}
+        problem: dict[str, Any] = {"loc": ["body"], "msg": too_large, "type": "model_too_large"}
         raise HTTPException(422, detail=[problem])
 
 
