@@ -145,8 +145,9 @@ def _check_dataset(session: Session, caller: Caller, spec: JobSpec) -> None:
     c, h, w = ds.image_shape
     too_large = model_too_large(spec, (c, h, w), ds.num_classes)
     if too_large:
-        problem: dict[str, Any] = {"loc": ["body"], "msg": too_large, "type": "model_too_large"}
-        raise HTTPException(422, detail=[problem])
+        raise HTTPException(
+            422, detail=[{"loc": ["body"], "msg": too_large, "type": "model_too_large"}]
+        )
 
 
 def _replay(existing: Job, spec: JobSpec, caller: Caller, r: Redis) -> JSONResponse:
