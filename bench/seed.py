@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,9 @@ from core.spec import JobSpec
 from core.train.device import device_name, resolve_device
 
 TARGET = 0.992
-# Fashion-MNIST, tuned: twice the widths, twice the epochs, and shifts without the rotation
-# and zoom (clothes are photographed upright and at one scale).
+# Fashion-MNIST, tuned (with 10 epochs, twice the default): twice the widths, and shifts
+# without the rotation and zoom (clothes are photographed upright and at one scale).
 FASHION_TUNED: dict[str, Any] = {
-    "epochs": 10,
     "conv1_channels": 64,
     "conv2_channels": 128,
     "conv3_channels": 256,
@@ -92,9 +92,11 @@ def main() -> None:
         "cpu": cpu_description(),
     }
     if args.dataset == "fashion-mnist":
-        tuned = run_trainq(root, None, device, dataset="fashion-mnist", **FASHION_TUNED)
+        default = summary(run_trainq(root, None, device, dataset="fashion-mnist"))
+        print(json.dumps({"fashion-mnist default_spec": default}), file=sys.stderr, flush=True)
+        tuned = run_trainq(root, 10, device, dataset="fashion-mnist", **FASHION_TUNED)
         out["fashion-mnist"] = {
-            "default_spec": summary(run_trainq(root, None, device, dataset="fashion-mnist")),
+            "default_spec": default,
             "tuned_spec": {"spec_overrides": FASHION_TUNED, **summary(tuned)},
         }
     else:

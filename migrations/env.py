@@ -24,15 +24,17 @@ def run_offline() -> None:
 
 def run_online() -> None:
     engine = make_engine(database_url())
-    with engine.connect() as connection:
-        context.configure(
-            connection=connection,
-            target_metadata=target_metadata,
-            render_as_batch=connection.dialect.name == "sqlite",
-        )
-        with context.begin_transaction():
-            context.run_migrations()
-    engine.dispose()
+    try:
+        with engine.connect() as connection:
+            context.configure(
+                connection=connection,
+                target_metadata=target_metadata,
+                render_as_batch=connection.dialect.name == "sqlite",
+            )
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:  # a migration that refuses (0006's downgrade) leaves no connection open
+        engine.dispose()
 
 
 if context.is_offline_mode():
