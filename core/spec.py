@@ -99,7 +99,7 @@ class JobSpec(BaseModel):
         examples=["mnist-sample", "ds:3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"],
     )
     epochs: int = Field(
-        5, title="Epochs", ge=1, le=200, description="Passes over the training set."
+        8, title="Epochs", ge=1, le=200, description="Passes over the training set."
     )
     batch_size: int = Field(
         64, title="Batch size", ge=1, le=65536, description="Images per training step."
