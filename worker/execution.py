@@ -26,7 +26,7 @@ from core.train import TrainResult, is_out_of_memory
 from core.train import train as run_training
 from worker.attempt import Attempt, Claim
 from worker.dataset_files import place_dataset
-from worker.reconciler import enqueue_row
+from worker.reconciler import enqueue_row, restarts_used
 from worker.recorder import Recorder
 from worker.retry import DatabaseAway
 
@@ -162,7 +162,7 @@ def _retry(
     step = rec.last_step or claim.start_step
     rec.flush_history()
     job = claim.job
-    if max(a.number - 1 - job.preemptions, 0) >= max_restarts:
+    if restarts_used(job) >= max_restarts:  # job.attempt is this attempt's number
         return fail(a, step, e)
     entry = f"{a.job_id}-r{a.number}"
     with a.db.writer() as s:

@@ -88,6 +88,11 @@ def _handle_waiting(db: Database, r: Redis, settings: Settings, job: Job, report
     log.warning("job %s was queued but not on the queue; enqueued again", job.id)
 
 
+def restarts_used(job: Job) -> int:
+    """The attempts after the first that were restarts, not preemptions."""
+    return max(job.attempt - 1 - job.preemptions, 0)
+
+
 def handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: Report) -> None:
     """A running job whose attempt went silent: requeued to resume from its last checkpoint,
     or ended (canceled, or failed once its restarts are used up). `job` may be a stale read:
@@ -97,9 +102,8 @@ def handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: Re
     # An attempt handed back by a stopping worker (a preemption) is not a restart, and
     # neither is one whose worker was asked to stop and killed before it could hand back.
     preempted = job.stop_requested_attempt == job.attempt
-    restarts_used = max(job.attempt - 1 - job.preemptions, 0)
     max_restarts = int(job.spec.get("max_restarts", 2))
-    if job.cancel_requested or (not preempted and restarts_used >= max_restarts):
+    if job.cancel_requested or (not preempted and restarts_used(job) >= max_restarts):
         ended = _end_lost(db, job, silent_since, max_restarts)
         if ended is not None:
             _stop_silent_horse(r, job)

@@ -9,6 +9,7 @@ a flipped digit is another symbol (or none)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ def random_affine(x: torch.Tensor, a: Affine, g: torch.Generator) -> torch.Tenso
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
+@functools.lru_cache(maxsize=8)  # the same grid every batch: built once per size and device
 def _base_grid(h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Each output pixel's centre in [-1, 1], as F.affine_grid places it: x then y, (1, H, W)."""
     ys = (torch.arange(h, device=device) * 2 + 1) / h - 1
