@@ -38,3 +38,7 @@ def configure_json_logging(level: int = logging.INFO) -> None:
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
         logger.propagate = False
+    # The ONNX exporter logs each optimizer pass at INFO, some forty lines a job; an
+    # operator needs its warnings, not its progress.
+    for name in ("onnxscript", "onnx_ir", "torch.onnx"):
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))

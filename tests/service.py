@@ -299,9 +299,13 @@ class Service:
                 proc.wait()
         self.workers.clear()
 
-    def logs(self) -> str:
+    def logs(self, tail: int | None = 3000) -> str:
+        """Every process's log, the last `tail` characters of each (None: whole), for a
+        failure message or for a search."""
         folder = self.log_dir or self.data_dir
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in folder.glob("*.log"))
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text()[-tail if tail else 0:]}" for p in folder.glob("*.log")
+        )
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
