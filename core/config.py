@@ -69,6 +69,21 @@ class Settings(BaseSettings):
         "commit its row, then refuses the entry (the submission failed).",
     )
 
+    # Quotas per key (core.quotas): the defaults; an admin overrides them per key with
+    # PUT /quotas/{owner}. None: no limit. Admin keys have none.
+    quota_max_queued: int | None = Field(
+        1000, ge=0, description="Jobs a key may have queued at once; more answer 429."
+    )
+    quota_max_running: int | None = Field(
+        None, ge=1, description="Jobs of a key that run at once; the rest wait in the queue."
+    )
+    quota_max_dataset_bytes: int | None = Field(
+        10 * 2**30, ge=0, description="Bytes of uploaded data sets a key may hold."
+    )
+    quota_max_train_hours_per_day: float | None = Field(
+        None, gt=0, description="Hours of training a key may use in any 24 hours."
+    )
+
     @field_validator("data_dir")
     @classmethod
     def _expand(cls, v: Path) -> Path:

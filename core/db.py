@@ -114,6 +114,7 @@ class Job(Base):
         UniqueConstraint("owner", "idempotency_key", name="uq_jobs_owner_idempotency_key"),
         Index("ix_jobs_created", "created_at", "id"),
         Index("ix_jobs_status", "status"),
+        Index("ix_jobs_owner_status", "owner", "status"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -139,11 +140,27 @@ class Job(Base):
     progress_epoch: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     queue_entry: Mapped[str | None] = mapped_column(String(80))  # the RQ job id that carries it
+    # core.spec.Priority.rank of the spec's priority: orders an owner's own queued jobs.
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    # When the retention policy (or `trainq gc`) removed this ended job's step rows,
+    # checkpoint and artifacts; the row and its epochs stay.
+    purged_at: Mapped[dt.datetime | None]
     enqueued_at: Mapped[dt.datetime | None] = mapped_column(default=db_now())
     result: Mapped[dict[str, Any] | None]
     record: Mapped[dict[str, Any] | None]
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
+
+
+class Quota(Base):
+    """One owner's limits where they differ from the defaults in Settings (core.quotas).
+    `limits` holds only the limits overridden; null in it means no limit."""
+
+    __tablename__ = "quotas"
+
+    owner: Mapped[str] = mapped_column(String(64), primary_key=True)
+    limits: Mapped[dict[str, Any]]
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
 class EpochMetric(Base):

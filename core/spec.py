@@ -62,6 +62,19 @@ class Augment(StrEnum):
     affine = "affine"  # a random rotation (±10°), zoom (±10%) and shift (±8%), per image
 
 
+class Priority(StrEnum):
+    """Orders one owner's own queued jobs; fair share between owners comes first."""
+
+    low = "low"
+    normal = "normal"
+    high = "high"
+
+    @property
+    def rank(self) -> int:
+        """The value stored in the jobs table's `priority` column: higher runs sooner."""
+        return {Priority.low: -1, Priority.normal: 0, Priority.high: 1}[self]
+
+
 class DataPath(StrEnum):
     device = "device"  # the whole set held on the device as uint8, batches cut by index
     dataloader = "dataloader"  # the classic torch DataLoader over torchvision transforms
@@ -223,6 +236,13 @@ class JobSpec(BaseModel):
         ge=1,
         le=10**9,
         description="Stop after this many steps in all (smoke runs).",
+    )
+
+    priority: Priority = Field(
+        Priority.normal,
+        title="Priority",
+        description="Orders this key's own queued jobs (low, normal, high). Between keys, a "
+        "free worker takes the job of the key with the fewest jobs running.",
     )
 
     export: tuple[ExportFormat, ...] = Field(

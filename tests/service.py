@@ -304,7 +304,7 @@ class Service:
         failure message or for a search."""
         folder = self.log_dir or self.data_dir
         return "\n".join(
-            f"--- {p.name}\n{p.read_text()[-tail if tail else 0:]}" for p in folder.glob("*.log")
+            f"--- {p.name}\n{p.read_text()[-tail if tail else 0 :]}" for p in folder.glob("*.log")
         )
 
 

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from core.db import DbTime, Job, db_now, utcnow
 from core.errors import JobSuperseded
-from core.spec import TERMINAL, JobSpec, JobStatus
+from core.spec import TERMINAL, JobSpec, JobStatus, Priority
 
 
 def spec_hash(spec: Any) -> str:
@@ -61,10 +61,18 @@ def new_job(
         attempt=0,
         preemptions=0,
         queue_entry=job_id,
+        priority=_rank(spec),
         progress_step=0,
         progress_epoch=0,
         cancel_requested=False,
     )
+
+
+def _rank(spec: JobSpec | dict[str, Any]) -> int:
+    if isinstance(spec, JobSpec):
+        return spec.priority.rank
+    raw = spec.get("priority")
+    return Priority(str(raw)).rank if raw in Priority.__members__ else 0
 
 
 def insert_jobs(s: Session, *, jobs: Sequence[Job]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import uuid
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,23 @@ from sqlalchemy.exc import IntegrityError
 
 from core.db import Artifact, Base, Database, make_engine, utcnow
 from core.local.migrate import alembic_config, upgrade
-from tests.db import new_job
 from tests.integration.conftest import database
+
+
+def old_job(db: Database) -> str:
+    """A queued job written as an older revision's code would, in SQL: the ORM writes
+    today's columns."""
+    job_id = str(uuid.uuid4())
+    with db.writer() as s:
+        s.execute(
+            text(
+                "INSERT INTO jobs (id, owner, status, spec, request_hash, created_at, attempt, "
+                "preemptions, progress_step, progress_epoch, cancel_requested, queue_entry) "
+                "VALUES (:id, 'o', 'queued', '{}', :hash, :at, 0, 0, 0, 0, false, :id)"
+            ),
+            {"id": job_id, "hash": "0" * 64, "at": utcnow()},
+        )
+    return job_id
 
 
 def test_migrations_reach_the_models(database_url: str) -> None:
@@ -40,7 +56,7 @@ def test_0006_keeps_a_stored_torchscript_model_and_takes_more_formats(
         upgrade(url, "0005")
         db = Database(url)
         try:
-            job_id = new_job(db)
+            job_id = old_job(db)
             with db.writer() as s:
                 s.execute(
                     text(
@@ -77,7 +93,7 @@ def test_0006_refuses_to_downgrade_a_job_it_would_leave_without_a_model(
         upgrade(url)
         db = Database(url)
         try:
-            job_id = new_job(db)
+            job_id = old_job(db)
             with db.writer() as s:
                 s.add(Artifact(job_id=job_id, format="onnx", data=b"o", sha256="b" * 64, size=1))
             with pytest.raises(RuntimeError, match=f"1 job.*no TorchScript.*{job_id}"):
