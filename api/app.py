@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI
 from api import errors, observability
 from api.auth import KeyRing, RequireKey
 from api.events import IDLE_BLOCK_MS, EventHub
-from api.routes import datasets, docs, health, jobs, predict, web
+from api.routes import datasets, docs, health, jobs, predict, quotas, web
 from api.submissions import Submitter
 from core.config import Settings
 from core.db import Database
@@ -65,6 +65,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         max_body_size=MAX_BODY_BYTES,
         dependencies=[Depends(observability.record_route)],
     )
+    app.state.admin_owners = frozenset(keys.admin_owners())  # GET /usage: they have no limits
     errors.install(app)
     # Added before the timing middleware, so that it runs inside it: refusals are timed too.
     app.add_middleware(RequireKey, keys=keys)
@@ -74,6 +75,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(predict.router)
     app.include_router(datasets.router)
+    app.include_router(quotas.router)
     app.include_router(web.router)
     app.include_router(docs.router)
     return app

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.middleware import HTTPMiddleware
-from core.owners import key_digest, owner_id
+from core.owners import digest_owner_id, key_digest, owner_id
 
 HASHED = "sha256:"
 UNAUTHORIZED = "missing or unknown API key: send 'Authorization: Bearer <key>'"
@@ -40,6 +40,12 @@ class Caller:
         without one, is an admin's)."""
         return self.admin or owner == self.owner
 
+    @property
+    def quota_owner(self) -> str | None:
+        """The owner whose quotas (core.quotas) bind this caller's requests: none bind an
+        admin's."""
+        return None if self.admin else self.owner
+
 
 class KeyRing:
     def __init__(self, keys: list[str], admin_keys: list[str]) -> None:
@@ -51,6 +57,10 @@ class KeyRing:
             (k.removeprefix(HASHED).lower() if k.startswith(HASHED) else key_digest(k), admin)
             for k, admin in entries
         ]
+
+    def admin_owners(self) -> set[str]:
+        """The owner ids of the admin keys (those configured as digests too)."""
+        return {digest_owner_id(digest) for digest, admin in self._digests if admin}
 
     def from_header(self, authorization: str) -> Caller | None:
         """The caller an `Authorization: Bearer <key>` header names, if the key is known."""

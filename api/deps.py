@@ -77,6 +77,15 @@ async def get_caller(request: Request) -> Caller:
     return caller
 
 
+async def get_admin(request: Request) -> Caller:
+    """The caller, if its key is an admin's; 403 otherwise (a route for admins alone, listed
+    in the docs: refusing it hides nothing)."""
+    caller = await get_caller(request)
+    if not caller.admin:
+        raise HTTPException(status_code=403, detail="this route needs an admin key")
+    return caller
+
+
 async def read(
     db: Database, fn: Callable[Concatenate[Session, P], T], *args: P.args, **kwargs: P.kwargs
 ) -> T:
@@ -96,4 +105,5 @@ ReaderDep = Annotated[Session, Depends(get_reader)]
 RedisDep = Annotated[Redis, Depends(get_redis)]
 AsyncRedisDep = Annotated[AsyncRedis, Depends(get_async_redis)]
 CallerDep = Annotated[Caller, Depends(get_caller)]
+AdminDep = Annotated[Caller, Depends(get_admin)]
 OptionalCallerDep = Annotated[Caller | None, Depends(get_optional_caller)]

@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from sqlalchemy.exc import OperationalError
 
+from core.errors import QuotaExceeded
+
 log = logging.getLogger("trainq.api")
 RETRY_AFTER_S = "5"
 
@@ -40,9 +42,29 @@ def install(app: FastAPI) -> None:
         of memory, a read-only replica, a loading one) is as retryable for the client."""
         return _unavailable("the queue (Redis) is unavailable or refused the command", exc)
 
+    @app.exception_handler(QuotaExceeded)
+    async def over_quota(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, QuotaExceeded)
+        return quota_refusal(exc)
+
     @app.exception_handler(OperationalError)
     async def database_busy(_: Request, exc: Exception) -> JSONResponse:
         return _unavailable("the database is busy or unavailable", exc)
+
+
+def quota_refusal(exc: QuotaExceeded) -> JSONResponse:
+    """429 naming the limit, its value, the key's usage of it and the key's owner id, with
+    Retry-After where waiting helps (api.schemas.QuotaProblem)."""
+    body = {
+        "detail": exc.message,
+        "limit": exc.limit,
+        "value": exc.value,
+        "usage": exc.usage,
+        "owner": exc.owner,
+        "retry_after_s": exc.retry_after_s,
+    }
+    headers = {} if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
+    return JSONResponse(body, status_code=429, headers=headers)
 
 
 def _unavailable(what: str, exc: Exception) -> JSONResponse:

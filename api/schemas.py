@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from core.quotas import Limits, Usage
 from core.spec import JobStatus
 
 # The database's step columns are 32-bit integers: no cursor past this names a step.
@@ -124,6 +125,49 @@ class Health(BaseModel):
 
 class Problem(BaseModel):
     detail: Any
+
+
+QUOTA_REFUSAL = "Past one of the key's quotas: the body names it; Retry-After where waiting helps."
+
+
+class QuotaProblem(BaseModel):
+    """A 429 past a quota (core.quotas)."""
+
+    detail: str = Field(description="What was refused and what to do.")
+    limit: str = Field(description="The limit: max_queued, max_train_hours_per_day, ...")
+    value: float = Field(description="The limit's value for this key.")
+    usage: float = Field(description="What the key uses of it now.")
+    owner: str = Field(description="The key's owner id.")
+    retry_after_s: int | None = Field(description="As Retry-After; null: waiting won't help.")
+
+
+class OwnerUsage(BaseModel):
+    owner: str | None = Field(description="The owner id (null: jobs enqueued without one).")
+    limits: Limits = Field(description="In force: the defaults, overridden; null: no limit.")
+    overridden: list[str] = Field(description="The limits an admin set for this owner.")
+    usage: Usage
+
+
+class UsageReport(BaseModel):
+    caller: OwnerUsage = Field(description="The calling key's own.")
+    owners: list[OwnerUsage] = Field(
+        description="For an admin key, every owner with jobs, data sets or overrides; empty "
+        "for any other."
+    )
+
+
+class QuotaOut(BaseModel):
+    owner: str
+    overrides: dict[str, float | None] = Field(
+        description="The limits an admin set for this owner (null: no limit); the others "
+        "are the defaults."
+    )
+    limits: Limits = Field(description="In force.")
+
+
+class QuotaList(BaseModel):
+    defaults: Limits = Field(description="TRAINQ_QUOTA_*: what an owner without overrides has.")
+    quotas: list[QuotaOut] = Field(description="Every owner with overrides.")
 
 
 class DatasetOut(BaseModel):

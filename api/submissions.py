@@ -16,7 +16,12 @@ A COMMIT whose reply is lost may still have taken effect. Then a fresh connectio
 database (briefly retried) whether the rows are there: if they are, the submissions
 succeeded; if they surely are not, the error stands and the queue entries are taken back;
 if that cannot be known, the error says so (`OutcomeUnknown`): only a retry with the same
-Idempotency-Key is then safe from a duplicate."""
+Idempotency-Key is then safe from a duplicate.
+
+Quotas (core.quotas) are checked in the same transaction, under each owner's lock, counting
+the jobs planned earlier in the batch: a submission past a limit is refused on its own, and
+the rest of its batch goes on. A submission that finds its Idempotency-Key's job is never
+refused."""
 
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from redis import Redis
 from redis.backoff import NoBackoff
@@ -44,13 +49,16 @@ from sqlalchemy.orm import Session
 
 from core.config import Settings
 from core.db import Database, Job
+from core.errors import QuotaExceeded
 from core.queue import enqueue_jobs
+from core.quotas import JobQuotas
 from core.spec import JobSpec
 from core.store import find_by_idempotency_key, insert_jobs, new_job
 
 MAX_BATCH = 256
 COMMIT_CHECKS, COMMIT_CHECK_PAUSE_S = 5, 0.2  # asking whether a failed commit took effect
 Outcome = tuple[Job, bool]  # the job, and whether this submission created it
+How = Literal["new", "found", "again", "refused"]
 log = logging.getLogger("trainq.api")
 
 
@@ -59,11 +67,32 @@ class OutcomeUnknown(Exception):
     not say whether it took effect: the job may exist."""
 
 
+@dataclass(frozen=True)
+class Planned:
+    """What the batch does for one submission: a new job, one found by its Idempotency-Key,
+    the job of an earlier submission of this batch with the same key, or a refusal."""
+
+    how: How
+    job: Job | None = None
+    refusal: QuotaExceeded | None = None
+
+    def outcome(self, failure: Exception | None) -> Outcome | BaseException:
+        """What its client is told; `failure`: the batch's new rows were not committed."""
+        if self.refusal is not None:
+            return self.refusal
+        assert self.job is not None
+        if failure is None:
+            return self.job, self.how == "new"
+        # A job found by its key was committed long before.
+        return (self.job, False) if self.how == "found" else failure
+
+
 @dataclass
 class Submission:
     spec: JobSpec
     owner: str | None
     idempotency_key: str | None
+    quota_owner: str | None  # whose quotas bind it (api.auth.Caller.quota_owner)
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Outcome] = field(init=False)
 
@@ -96,11 +125,18 @@ class Submitter:
         self._thread.start()
 
     async def submit(
-        self, spec: JobSpec, *, owner: str | None, idempotency_key: str | None
+        self,
+        spec: JobSpec,
+        *,
+        owner: str | None,
+        idempotency_key: str | None,
+        quota_owner: str | None,
     ) -> Outcome:
         """The new job, or with an Idempotency-Key already used by this owner, the job made
-        then (the caller compares the specs)."""
-        sub = Submission(spec, owner, idempotency_key, asyncio.get_running_loop())
+        then (the caller compares the specs). Raises QuotaExceeded past a limit of
+        `quota_owner`'s (None: no limits)."""
+        loop = asyncio.get_running_loop()
+        sub = Submission(spec, owner, idempotency_key, quota_owner, loop)
         with self._wake:
             if self._closing:
                 raise RuntimeError("the API is shutting down")
@@ -142,11 +178,11 @@ class Submitter:
             return e
 
     def _write(self, batch: list[Submission]) -> list[Outcome | BaseException]:
-        plan: list[tuple[str, Job]] = []
+        plan: list[Planned] = []
         with self._db.manual_session() as s:  # closing it rolls back what was not committed
             try:
-                plan = _plan(s, batch)
-                new = [job for how, job in plan if how == "new"]
+                plan = _plan(s, batch, JobQuotas(s, self._settings, _limited(batch)))
+                new = [p.job for p in plan if p.how == "new" and p.job is not None]
                 if new:
                     insert_jobs(s, jobs=new)
                     # Before the commit: a failed enqueue rolls the rows back, and a
@@ -163,26 +199,25 @@ class Submitter:
             except Exception as e:
                 if not plan:
                     raise  # the database is away: every submission gets the error
-                # Nothing of this batch was committed; a job found by its key was, long before.
-                return [(job, False) if how == "found" else e for how, job in plan]
+                return [p.outcome(e) for p in plan]  # nothing of this batch was committed
             try:
                 s.commit()
             except Exception as e:
                 with contextlib.suppress(Exception):  # its connection may be gone
                     s.rollback()
                 return self._after_failed_commit(plan, backend, e)
-        return [(job, how == "new") for how, job in plan]
+        return [p.outcome(None) for p in plan]
 
     def _after_failed_commit(
-        self, plan: list[tuple[str, Job]], backend: int | None, e: Exception
+        self, plan: list[Planned], backend: int | None, e: Exception
     ) -> list[Outcome | BaseException]:
-        new = [job.id for how, job in plan if how == "new"]
+        new = [p.job.id for p in plan if p.how == "new" and p.job is not None]
         if not new:  # it held only reads
-            return [(job, False) for _, job in plan]
+            return [p.outcome(None) for p in plan]
         committed = _committed(self._db, new, backend)
         if committed:
             log.warning("a commit of %d jobs reported %s, yet it took effect", len(new), e)
-            return [(job, how == "new") for how, job in plan]
+            return [p.outcome(None) for p in plan]
         if committed is None:
             log.warning(
                 "a commit of %d jobs reported %s; whether it took effect is unknown", len(new), e
@@ -195,23 +230,33 @@ class Submitter:
         else:
             _withdraw(self._enqueuer, new)
             failure = e
-        return [(job, False) if how == "found" else failure for how, job in plan]
+        return [p.outcome(failure) for p in plan]
 
 
-def _plan(s: Session, batch: list[Submission]) -> list[tuple[str, Job]]:
-    """Per submission: a new job, one found by its Idempotency-Key, or the job of an earlier
-    submission of this batch with the same key ("new", "found", "again")."""
-    plan: list[tuple[str, Job]] = []
+def _limited(batch: list[Submission]) -> set[str]:
+    return {sub.quota_owner for sub in batch if sub.quota_owner is not None}
+
+
+def _plan(s: Session, batch: list[Submission], quotas: JobQuotas) -> list[Planned]:
+    """What to do for each submission (Planned), in order: a quota counts the new jobs
+    planned before it."""
+    plan: list[Planned] = []
     made: dict[tuple[str | None, str], Job] = {}
     for sub in batch:
         key = (sub.owner, sub.idempotency_key or "")
         if sub.idempotency_key is not None and key in made:
-            plan.append(("again", made[key]))
+            plan.append(Planned("again", made[key]))
             continue
         if sub.idempotency_key is not None:
             found = find_by_idempotency_key(s, owner=sub.owner, key=sub.idempotency_key)
             if found is not None:
-                plan.append(("found", found))
+                plan.append(Planned("found", found))
+                continue
+        if sub.quota_owner is not None:
+            try:
+                quotas.take(sub.quota_owner)
+            except QuotaExceeded as refusal:
+                plan.append(Planned("refused", refusal=refusal))
                 continue
         job = new_job(
             job_id=str(uuid.uuid4()),
@@ -221,7 +266,7 @@ def _plan(s: Session, batch: list[Submission]) -> list[tuple[str, Job]]:
         )
         if sub.idempotency_key is not None:
             made[key] = job
-        plan.append(("new", job))
+        plan.append(Planned("new", job))
     return plan
 
 

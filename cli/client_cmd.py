@@ -1,4 +1,4 @@
-"""`trainq submit`, `ls`, `watch`, `cancel`, `download`: the API from the shell. Light: no
+"""`trainq submit`, `ls`, `watch`, `cancel`, `download`, `usage`: the API from the shell. Light: no
 torch (but `download --check`, which loads the model), none of the server's libraries."""
 
 from __future__ import annotations
@@ -158,3 +158,56 @@ def download_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+# `trainq usage`: per line, "used/limit" ("-": no limit).
+USAGE_COLUMNS = (
+    ("queued", "queued", "max_queued"),
+    ("running", "running", "max_running"),
+    ("data sets", "dataset_bytes", "max_dataset_bytes"),
+    ("train h/24 h", "train_hours_24h", "max_train_hours_per_day"),
+)
+
+
+def usage_command(_: argparse.Namespace) -> int:
+    with client() as c:
+        try:
+            report = c.usage()
+        except ApiError as e:
+            print(f"trainq: {e}", file=sys.stderr)
+            return 1
+    print("\n".join(usage_table(report)))
+    return 0
+
+
+def usage_table(report: dict[str, Any]) -> list[str]:
+    """The caller's line, marked, then (for an admin) every other owner's."""
+    you = report["caller"]
+    lines = [(you, " (you)")] + [(o, "") for o in report["owners"] if o["owner"] != you["owner"]]
+    rows = [["owner", *(title for title, _, _ in USAGE_COLUMNS)]]
+    for line, mark in lines:
+        cells = [f"{line['owner'] or '(no owner)'}{mark}"]
+        for _, used, limit in USAGE_COLUMNS:
+            figures = _figure(used, line["usage"][used]), _figure(used, line["limits"][limit])
+            cells.append("/".join(figures))
+        rows.append(cells)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def _figure(name: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if name == "dataset_bytes":
+        return _bytes(value)
+    if name == "train_hours_24h":
+        return f"{value:.2f}"
+    return str(value)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

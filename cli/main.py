@@ -48,6 +48,11 @@ COMMANDS = {
         options.download_options,
         "cli.client_cmd:download_command",
     ),
+    "usage": Command(
+        "Show the key's quotas and what it uses of them (an admin key: every key's).",
+        options.no_options,
+        "cli.client_cmd:usage_command",
+    ),
     "migrate": Command(
         "Create or upgrade the database schema (Alembic, to head).",
         options.no_options,

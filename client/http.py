@@ -91,6 +91,23 @@ class Client:
     def record(self, job_id: str) -> dict[str, Any]:
         return self._object(self.http.get(f"/jobs/{job_id}/record"))
 
+    def usage(self) -> dict[str, Any]:
+        """The key's limits and what it uses of them (`caller`); for an admin key, every
+        owner's too (`owners`)."""
+        return self._object(self.http.get("/usage"))
+
+    def quotas(self) -> dict[str, Any]:
+        """Admin: the default limits and every owner's overrides."""
+        return self._object(self.http.get("/quotas"))
+
+    def set_quota(self, owner: str, limits: dict[str, Any]) -> dict[str, Any]:
+        """Admin: replace `owner`'s overrides (None: no limit; a limit left out: the default)."""
+        return self._object(self.http.put(f"/quotas/{owner}", json=limits))
+
+    def clear_quota(self, owner: str) -> dict[str, Any]:
+        """Admin: `owner` back to the default limits."""
+        return self._object(self.http.delete(f"/quotas/{owner}"))
+
     def health(self) -> dict[str, Any]:
         return self._object(self.http.get("/health"))
 

@@ -124,3 +124,29 @@ class JobSuperseded(TrainqError):
     its writes are refused so that a job delivered twice runs once."""
 
     code = "superseded"
+
+
+class QuotaExceeded(TrainqError):
+    """A request that would take its key past one of its limits (core.quotas). `value` is the
+    limit's value, `usage` what the key uses of it now; `retry_after_s` is set where waiting
+    helps (a queued job starts, the trailing day's hours age out), None where it does not (a
+    limit of 0, storage held until something is deleted)."""
+
+    code = "quota_exceeded"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: str,
+        value: float,
+        usage: float,
+        owner: str,
+        retry_after_s: int | None,
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
+        self.usage = usage
+        self.owner = owner
+        self.retry_after_s = retry_after_s

@@ -12,4 +12,9 @@ def key_digest(key: str) -> str:
 
 
 def owner_id(key: str) -> str:
-    return "k_" + key_digest(key)[:16]
+    return digest_owner_id(key_digest(key))
+
+
+def digest_owner_id(digest: str) -> str:
+    """The owner id of the key whose sha256 hex digest this is."""
+    return "k_" + digest[:16]

@@ -18,10 +18,11 @@ from api.access import visible_dataset
 from api.body import BODY_SLACK, refuse_large_file
 from api.deps import CallerDep, ReaderDep, SessionDep, SettingsDep
 from api.errors import RETRY_AFTER_S
-from api.schemas import DatasetOut, Problem
+from api.schemas import DatasetOut, Problem, QuotaProblem
 from core.datasets import MAX_UPLOAD_BYTES, ParsedDataset
 from core.db import UserDataset, as_utc
-from core.errors import DatasetTooLarge, InvalidDataset
+from core.errors import DatasetTooLarge, InvalidDataset, QuotaExceeded
+from core.quotas import check_dataset_room, lock_owner
 from core.spec import USER_DATASET_PREFIX
 from core.store import create_dataset, list_datasets
 from core.uploads import parse_upload
@@ -68,7 +69,11 @@ def dataset_out(ds: UserDataset) -> DatasetOut:
         **ERRORS,
         413: {"model": Problem, "description": "Over a size limit (bytes, images, zip bomb)."},
         422: {"description": "Not a usable data set; `detail[].msg` says why."},
-        429: {"model": Problem, "description": "Too many uploads at once: see Retry-After."},
+        429: {
+            "model": QuotaProblem,
+            "description": "Past max_dataset_bytes, or too many uploads at once on this API "
+            "process (max_parallel_uploads, with Retry-After).",
+        },
     },
     summary="Upload a data set",
     description="Multipart: `file` (an .npz with uint8 `x_train`, `x_test` images "
@@ -77,7 +82,9 @@ def dataset_out(ds: UserDataset) -> DatasetOut:
     "MNIST IDX files, .gz or not) and `name`. At most 200 MiB, 200,000 images of at most "
     "256×256, 2 to 1,000 classes, 1 GiB of pixels, nothing expanding over 100 times; refused "
     "when nothing can be learnt from it (one value everywhere, one image, one class). Past "
-    'the uploads parsed at once, 429 with Retry-After. Train on it with `"dataset": "ds:<id>"`.',
+    "the uploads parsed at once, 429 with Retry-After; past the key's bytes of data sets "
+    "(`max_dataset_bytes`, counted as stored: the canonical .npz), 429. Train on it with "
+    '`"dataset": "ds:<id>"`.',
 )
 def upload_dataset(
     file: Annotated[UploadFile, File(description="The .npz or .zip.")],
@@ -90,18 +97,31 @@ def upload_dataset(
     # A sync route: FastAPI runs it in the threadpool, so reading and parsing never block
     # the event loop. The body is already spooled (and capped by max_body_size).
     refuse_large_file(file, MAX_UPLOAD_BYTES, "file", f"{MAX_UPLOAD_BYTES} (200 MiB)")
+    limited = caller.quota_owner
+    if limited is not None:
+        # No parse for a key with no room left at all. Only then: the stored set (the
+        # canonical, compressed .npz) may be smaller than the upload, so its size is known
+        # only after the parse.
+        check_dataset_room(session, settings, limited, 1)
+        session.rollback()  # no transaction (SQLite: no write lock) held through the parse
     slots = upload_slots(settings.max_parallel_uploads)
     if not slots.acquire(blocking=False):
-        raise HTTPException(
-            429,
-            detail=f"{settings.max_parallel_uploads} uploads are being checked already: "
-            "retry shortly",
-            headers={"Retry-After": RETRY_AFTER_S},
+        raise QuotaExceeded(
+            f"{settings.max_parallel_uploads} uploads are being checked already by this API "
+            "process (max_parallel_uploads): retry shortly",
+            limit="max_parallel_uploads",
+            value=settings.max_parallel_uploads,
+            usage=settings.max_parallel_uploads,
+            owner=caller.owner,
+            retry_after_s=int(RETRY_AFTER_S),
         )
     try:
         parsed = _parse(file)
     finally:
         slots.release()
+    if limited is not None:  # again, on the stored size, under the owner's lock
+        lock_owner(session, limited)
+        check_dataset_room(session, settings, limited, len(parsed.npz))
     ds = create_dataset(
         session, dataset_id=str(uuid.uuid4()), owner=caller.owner, name=name, parsed=parsed
     )

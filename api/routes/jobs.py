@@ -24,7 +24,16 @@ from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, 
 from api.errors import RETRY_AFTER_S
 from api.events import event_stream
 from api.formats import MEDIA_TYPES, filename, not_offered, offered_formats
-from api.schemas import METRIC_FIELDS, EpochOut, JobOut, JobPage, MetricPage, Problem
+from api.schemas import (
+    METRIC_FIELDS,
+    QUOTA_REFUSAL,
+    EpochOut,
+    JobOut,
+    JobPage,
+    MetricPage,
+    Problem,
+    QuotaProblem,
+)
 from api.submissions import OutcomeUnknown, Submitter
 from core.db import Job, as_utc
 from core.spec import ExportFormat, JobSpec, JobStatus, model_too_large, user_dataset_id
@@ -99,6 +108,7 @@ def job_out(job: Job, caller: Caller, r: Redis | None = None) -> JobOut:
         200: {"model": JobOut, "description": "Same Idempotency-Key and body: the same job."},
         409: {"model": Problem, "description": "Idempotency-Key reused with another body."},
         422: {"description": "Invalid spec; `detail[].loc` names the field."},
+        429: {"model": QuotaProblem, "description": QUOTA_REFUSAL},
         503: {"model": Problem, "description": "Queue or database unavailable."},
     },
     summary="Submit a training job",
@@ -115,7 +125,10 @@ async def submit_job(
     submitter: Submitter = request.app.state.submitter
     try:
         job, created = await submitter.submit(
-            spec, owner=caller.owner, idempotency_key=idempotency_key
+            spec,
+            owner=caller.owner,
+            idempotency_key=idempotency_key,
+            quota_owner=caller.quota_owner,
         )
     except OutcomeUnknown as e:
         raise HTTPException(503, detail=str(e), headers={"Retry-After": RETRY_AFTER_S}) from e
