@@ -9,6 +9,7 @@ import datetime as dt
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,11 +19,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, text, update
 
 from core.db import Database, Job
 from core.owners import owner_id
 from core.queue import enqueue_job
+from core.quotas import lock_owner
 from core.spec import JobSpec, JobStatus
 from core.store import claim_job, create_job, end_job
 from core.train.data import load_dataset
@@ -188,26 +190,77 @@ def test_an_owner_id_too_long_is_422(svc: Service) -> None:
 def test_concurrent_submissions_stop_exactly_at_the_limit(
     svc: Service, keys: tuple[str, str]
 ) -> None:
-    """20 of one key's submissions at once against max_queued=5, through two API processes,
+    """40 of one key's submissions at once against max_queued=5, through two API processes,
     with another key's among them: exactly 5 are created, and the other key's all are (a
-    refusal fails no other submission of its batch)."""
+    refusal fails no other submission of its batch). Then again with the limit raised to
+    10: exactly 5 more."""
     key, other = keys
-    set_quota(svc, owner_id(key), max_queued=5)
     second = dataclasses.replace(svc, port=free_port(), api=None, workers=[], clients=[])
     second.start_api()
     apis = [svc, second]
-    sends = [key] * 20 + [other] * 5
+    sends = [key] * 40 + [other] * 5
     try:
-        with ThreadPoolExecutor(len(sends)) as pool:
-            answers = list(pool.map(lambda i: post_job(apis[i % 2], sends[i]), range(len(sends))))
+        for limit in (5, 10):
+            set_quota(svc, owner_id(key), max_queued=limit)
+            with ThreadPoolExecutor(len(sends)) as pool:
+                answers = list(pool.map(lambda i: post_job(apis[i % 2], sends[i]), range(45)))
+            mine, others = answers[:40], answers[40:]
+            codes = sorted(r.status_code for r in mine)
+            assert codes == [201] * 5 + [429] * 35, [r.text[:200] for r in mine]
+            assert [r.status_code for r in others] == [201] * 5
+            assert {r.json()["usage"] for r in mine if r.status_code == 429} == {limit}
+            assert usage(svc, key)["queued"] == limit
     finally:
         second.stop()
-    mine, others = answers[:20], answers[20:]
-    codes = sorted(r.status_code for r in mine)
-    assert codes == [201] * 5 + [429] * 15, [r.text[:200] for r in mine]
-    assert [r.status_code for r in others] == [201] * 5
+
+
+def test_one_batch_of_submissions_stops_exactly_at_the_limit(
+    svc: Service, keys: tuple[str, str], db: Database
+) -> None:
+    """20 submissions that pile up while the database is held (SQLite: a write transaction;
+    PostgreSQL: the owner's quota lock) are then written in one batch or two: a job
+    planned earlier in a batch counts, so exactly 5 are created."""
+    key = keys[0]
+    owner = owner_id(key)
+    set_quota(svc, owner, max_queued=5)
+    with ThreadPoolExecutor(20) as pool:
+        with db.writer() as s:
+            lock_owner(s, owner)
+            s.execute(select(1))  # SQLite: BEGIN IMMEDIATE, the one write lock
+            answers = [pool.submit(post_job, svc, key) for _ in range(20)]
+            time.sleep(1)  # for them to reach the API: a late one only makes a smaller batch
+        codes = sorted(a.result().status_code for a in answers)
+    assert codes == [201] * 5 + [429] * 15
     assert usage(svc, key)["queued"] == 5
-    assert {r.json()["usage"] for r in mine if r.status_code == 429} == {5}
+
+
+def test_a_submission_waits_for_its_owners_lock_then_counts(
+    svc: Service, keys: tuple[str, str], db: Database
+) -> None:
+    """PostgreSQL: while another transaction holds the owner's quota lock, with jobs it has
+    not yet committed, a submission waits for it, then counts them."""
+    if not svc.database_url.startswith("postgresql"):
+        pytest.skip("SQLite serialises every writer: there is no lock of an owner's to wait for")
+    key = keys[0]
+    owner = owner_id(key)
+    set_quota(svc, owner, max_queued=3)
+    with ThreadPoolExecutor(1) as pool:
+        with db.writer() as s:
+            lock_owner(s, owner)
+            for _ in range(3):
+                create_job(s, job_id=str(uuid.uuid4()), spec=JobSpec(), owner=owner)
+            answer = pool.submit(post_job, svc, key)
+            wait_until(lambda: waiting_for_a_lock(db), 30, "the submission to wait for the lock")
+        body = refusal(answer.result())
+    assert body["usage"] == 3
+
+
+def waiting_for_a_lock(db: Database) -> bool:
+    with db.reader() as s:
+        waiting = s.scalar(
+            text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        )
+    return bool(waiting)
 
 
 def past(db: Database, owner: str, started_h_ago: float, ended_h_ago: float | None) -> str:
