@@ -158,7 +158,7 @@ class UsageReport(BaseModel):
 
 class QuotaOut(BaseModel):
     owner: str
-    overrides: dict[str, float | None] = Field(
+    overrides: dict[str, int | float | None] = Field(
         description="The limits an admin set for this owner (null: no limit); the others "
         "are the defaults."
     )

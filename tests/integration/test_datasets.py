@@ -23,6 +23,7 @@ import torch
 from PIL import Image
 
 from core.datasets import MAX_UPLOAD_BYTES
+from core.owners import owner_id
 from core.train.data import IDX_FILES, load_dataset
 from tests.memory import peak_growth_mib
 from tests.service import REPO, Service, trained
@@ -328,6 +329,14 @@ def test_uploads_past_the_limit_are_429(service: Service) -> None:
     assert 429 in codes and set(codes) <= {201, 429}, [r.text[:200] for r in answers]
     busy = next(r for r in answers if r.status_code == 429)
     assert busy.headers["retry-after"] == "5" and "retry shortly" in busy.json()["detail"]
+    # Shaped as every quota's refusal (test_quotas.py): the limit, its value, the usage, the key.
+    assert {k: v for k, v in busy.json().items() if k != "detail"} == {
+        "limit": "max_parallel_uploads",
+        "value": 1,
+        "usage": 1,
+        "owner": owner_id(service.keys[0]),
+        "retry_after_s": 5,
+    }
     assert upload(service, noise).status_code == 201  # the slot is free again
 
 

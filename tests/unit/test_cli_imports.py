@@ -56,6 +56,7 @@ def loaded(*argv: str) -> set[str]:
         ["watch", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
         ["cancel", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
         ["download", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
+        ["usage"],
     ],
     ids=" ".join,
 )
