@@ -33,6 +33,11 @@ from core.errors import QuotaExceeded
 from core.spec import TERMINAL, JobStatus
 
 LIMIT_NAMES = ("max_queued", "max_running", "max_dataset_bytes", "max_train_hours_per_day")
+DAY_S = 24 * 3600  # the window of max_train_hours_per_day
+# Retry-After of a refusal at max_queued: with no finished job of the key's to judge by, and
+# the most it says whatever the history.
+QUEUE_WAIT_GUESS_S = 60
+MAX_QUEUE_WAIT_S = 3600
 
 
 class Limits(BaseModel):
@@ -106,13 +111,6 @@ def clear_overrides(s: Session, owner: str) -> None:
 
 def _known(raw: Any) -> dict[str, Any]:
     return {k: v for k, v in (raw or {}).items() if k in LIMIT_NAMES}
-
-
-DAY_S = 24 * 3600
-# Retry-After of a refusal at max_queued: with no finished job of the key's to judge by, and
-# the most it says whatever the history.
-QUEUE_WAIT_GUESS_S = 60
-MAX_QUEUE_WAIT_S = 3600
 
 
 class Usage(BaseModel):
