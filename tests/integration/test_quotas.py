@@ -1,6 +1,7 @@
 """Quotas over real processes: each limit refused with 429, its body and Retry-After; the
 usage figures; admin overrides in force at once; concurrent submissions at a limit. The
-service runs no worker, so that submitted jobs stay queued. SQLite and PostgreSQL."""
+module's service runs no worker, so that submitted jobs stay queued (the queue contract's
+case uses the shared service, which has one). SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 from sqlalchemy import select, text, update
 
@@ -313,7 +313,7 @@ def digits(data_dir: Path) -> bytes:
         x_train=data.train.images[::8][:300, 0].numpy(),
         y_train=data.train.labels[::8][:300].numpy(),
         x_test=data.test.images[::4][:100, 0].numpy(),
-        y_test=data.test.labels[::4][:100].numpy().astype(np.int64),
+        y_test=data.test.labels[::4][:100].numpy(),
     )
 
 
