@@ -95,6 +95,9 @@ def set_overrides(s: Session, owner: str, limits: Limits) -> None:
     """Replace `owner`'s overrides with the fields set in `limits` (None in one: no limit);
     the fields left out take the defaults again."""
     values = limits.model_dump(exclude_unset=True)
+    if not values:  # nothing overridden: no row, as after clear_overrides
+        clear_overrides(s, owner)
+        return
     row = s.get(Quota, owner)
     if row is None:
         s.add(Quota(owner=owner, limits=values))

@@ -153,6 +153,8 @@ def test_an_override_is_in_force_at_once_and_delete_restores_the_defaults(
     assert back["limits"]["max_queued"] == 1000  # Settings' default
     assert post_job(svc, key).status_code == 201
     assert owner not in [q["owner"] for q in admin.quotas()["quotas"]]
+    assert set_quota(svc, owner)["overrides"] == {}  # an empty body: the defaults, too
+    assert owner not in [q["owner"] for q in admin.quotas()["quotas"]]
 
 
 def test_only_an_admin_sets_or_reads_quotas(svc: Service, keys: tuple[str, str]) -> None:
