@@ -22,7 +22,7 @@ from core.owners import owner_id
 from core.queue import enqueue_jobs, job_queue
 from core.spec import JobSpec
 from core.store import create_job
-from tests.service import Service, fresh_service, kill_group, wait_until
+from tests.service import Service, fresh_service, kill_group, status_of, wait_until
 
 pytestmark = pytest.mark.slow  # real workers and services: the full run, not --fast
 
@@ -52,10 +52,10 @@ def limited(folder: Path, data_dir: Path) -> Iterator[Service]:
 
 
 def finished(admin: Client, ids: list[str], timeout: float = 240) -> list[dict[str, Any]]:
-    """The jobs, once every one has succeeded."""
+    """The jobs, once every one has succeeded (a direct entry has no row until it runs)."""
 
     def done() -> bool:
-        return all(admin.job(i)["status"] == "succeeded" for i in ids)
+        return all(status_of(admin, i) == "succeeded" for i in ids)
 
     wait_until(done, timeout, "every job to succeed", interval=0.5)
     return [admin.job(i) for i in ids]
