@@ -26,10 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from client.http import ApiError, Client
-from tests.service import scratch_service, wait_until
+from core.config import Settings
+from core.db import Database
+from core.queue import job_queue
+from tests.service import Service, scratch_service, wait_until
+from worker.fair_share import FairShare
 
 SPEC = {"epochs": 1, "max_steps": 3, "export": ["torchscript"]}
 WORKERS = 2
+CHOICE_ROUNDS = 5
 ENDED = ("succeeded", "failed", "canceled")
 
 
@@ -59,11 +64,34 @@ def one_mode(fair: bool, jobs_a: int, jobs_b: int) -> dict[str, Any]:
         # "A moment later": once A's backlog holds the workers.
         wait_until(lambda: len(list(a.jobs(status="running"))) >= WORKERS, 120, "A running", 0.1)
         b_ids = [b.submit(SPEC)["id"] for _ in range(jobs_b)]
+        choice = _choice_ms(svc) if fair else None
         wait_until(lambda: all(b.job(i)["status"] in ENDED for i in b_ids), 3600, "B", 0.5)
         if fair:
             _cancel_waiting(a, a_ids)
         wait_until(lambda: all(a.job(i)["status"] in ENDED for i in a_ids), 3600, "A", 0.5)
-        return _figures([admin.job(i) for i in a_ids], [admin.job(i) for i in b_ids])
+        figures = _figures([admin.job(i) for i in a_ids], [admin.job(i) for i in b_ids])
+        return figures if choice is None else {**figures, **choice}
+
+
+def _choice_ms(svc: Service) -> dict[str, Any]:
+    """What one choice costs a worker with the whole backlog queued: the reads of
+    FairShare.plan (it takes nothing), timed here, beside the workers."""
+    r = svc.redis.client()
+    db = Database(svc.database_url)
+    try:
+        fair = FairShare(r, db, Settings(), job_queue(r, svc.queue))
+        times = []
+        for _ in range(CHOICE_ROUNDS):
+            began = time.perf_counter()
+            fair.plan()
+            times.append((time.perf_counter() - began) * 1000)
+        return {
+            "queued_at_choice": r.llen(fair.queue.key),
+            "choice_ms_p50": round(statistics.median(times), 1),
+        }
+    finally:
+        db.dispose()
+        r.close()
 
 
 def _cancel_waiting(c: Client, ids: list[str]) -> None:
