@@ -8,9 +8,9 @@ ended (RQ's intermediate list and started registry, and the running rows), and t
 1. first, any entry that cannot compete: junk, or one whose row no longer waits under it
    (ended, running elsewhere, re-enqueued under another entry). The worker's usual path
    drops, refuses or skips it at once, as it always did;
-2. then the entries of the owner with the fewest jobs running (ties: the owner whose oldest
-   waiting job is oldest), leaving out owners at their `max_running`; within an owner,
-   `jobs.priority` (high first), then age.
+2. then the entries of the owner with the fewest jobs running (ties: the owner whose last
+   take is oldest, then the one whose oldest waiting job is oldest), leaving out owners at
+   their `max_running`; within an owner, `jobs.priority` (high first), then age.
 
 A job has a row (the API's, or the reconciler's) or is an entry that another service put
 straight onto the queue: that one competes as its payload's owner, with its spec's

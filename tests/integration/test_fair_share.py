@@ -31,23 +31,15 @@ ONE_AT_A_TIME = {"TRAINQ_QUOTA_MAX_RUNNING": "1"}
 
 
 @pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    return tmp_path
-
-
-def service(folder: Path, data_dir: Path, env: dict[str, str] | None = None) -> Any:
-    return fresh_service(folder, data_dir, env)
-
-
-@pytest.fixture
-def svc(folder: Path, data_dir: Path) -> Iterator[Service]:
-    with service(folder, data_dir) as s:
+def svc(tmp_path: Path, data_dir: Path) -> Iterator[Service]:
+    with fresh_service(tmp_path, data_dir) as s:
         yield s
 
 
 @pytest.fixture
-def limited(folder: Path, data_dir: Path) -> Iterator[Service]:
-    with service(folder, data_dir, ONE_AT_A_TIME) as s:
+def limited(tmp_path: Path, data_dir: Path) -> Iterator[Service]:
+    """Every key may run one job at once."""
+    with fresh_service(tmp_path, data_dir, ONE_AT_A_TIME) as s:
         yield s
 
 
@@ -139,9 +131,9 @@ FAST = {
 
 
 def test_a_worker_killed_after_a_fair_take_leaves_a_job_that_runs_once(
-    folder: Path, data_dir: Path
+    tmp_path: Path, data_dir: Path
 ) -> None:
-    with service(folder, data_dir, FAST) as svc:
+    with fresh_service(tmp_path, data_dir, FAST) as svc:
         r = svc.redis.client()
         worker = svc.start_worker()
         svc.wait_for_workers(1)
