@@ -154,6 +154,7 @@ class TrainqWorker(Worker):
                 death_penalty_class=self.death_penalty_class,
             )
             if fetched is not None:
+                fetched[0].redis_server_version = self.get_redis_server_version()  # as RQ's
                 return fetched
 
     def handle_payload(self, message: dict[str, Any]) -> None:
