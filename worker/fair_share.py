@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 import time
 import uuid
 from collections import defaultdict
@@ -47,8 +46,6 @@ from core.queue import MAX_OWNER_CHARS, MAX_PAYLOAD_BYTES
 from core.queue_entries import UnreadableEntry, inflate, is_uuid, read_entry
 from core.quotas import limits_for
 from core.spec import JobStatus, Priority
-
-log = logging.getLogger("trainq.worker")
 
 Owner = str | None
 LOCK_TTL_MS = 10_000  # far above one choice (a few reads); a dead holder frees it this soon
