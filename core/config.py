@@ -69,6 +69,12 @@ class Settings(BaseSettings):
         "commit its row, then refuses the entry (the submission failed).",
     )
 
+    fair_share: bool = Field(
+        True,
+        description="A free worker takes the job of the owner with the fewest running jobs "
+        "(worker.fair_share); false: the queue's head, first in first out.",
+    )
+
     # Quotas per key (core.quotas): the defaults; an admin overrides them per key with
     # PUT /quotas/{owner}. None: no limit. Admin keys have none.
     quota_max_queued: int | None = Field(

@@ -340,9 +340,9 @@ def children(pid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def scratch_service(workers: int = 1) -> Iterator[Service]:
+def scratch_service(workers: int = 1, env: dict[str, str] | None = None) -> Iterator[Service]:
     """For benchmarks: a whole service in a temporary folder (mnist-sample, a redis-server,
-    a SQLite file), taken down afterwards."""
+    a SQLite file), with `env` (TRAINQ_* settings) for its processes, taken down afterwards."""
     from core.train.data import write_mnist_sample
 
     with tempfile.TemporaryDirectory(prefix="trainq-bench-") as tmp:
@@ -351,7 +351,10 @@ def scratch_service(workers: int = 1) -> Iterator[Service]:
         redis = RedisServer(root / "redis", appendfsync="everysec")  # as deployed
         redis.start()
         svc = Service(
-            data_dir=root / "data", database_url=f"sqlite:///{root / 'trainq.db'}", redis=redis
+            data_dir=root / "data",
+            database_url=f"sqlite:///{root / 'trainq.db'}",
+            redis=redis,
+            extra_env=dict(env or {}),
         )
         try:
             yield svc.up(workers)

@@ -118,7 +118,7 @@ def drop_entry(r: Redis, entry: str | bytes, reason: str) -> None:
     r.delete(Job.redis_job_namespace_prefix.encode() + raw)
 
 
-def _id_problem(raw: bytes) -> str | None:
+def id_problem(raw: bytes) -> str | None:
     """Why RQ could not look up the entry of a popped id, or None."""
     try:
         _job_id(raw.decode())
@@ -137,7 +137,7 @@ class TrainqQueue(Queue):
     def lmove(cls, connection: Redis, queue_key: str, timeout: int | None) -> Any:
         while True:
             popped = super().lmove(connection, queue_key, timeout)
-            problem = None if popped is None else _id_problem(popped[1])
+            problem = None if popped is None else id_problem(popped[1])
             if problem is None:
                 return popped
             connection.lrem(IntermediateQueue.get_intermediate_queue_key(queue_key), 1, popped[1])
@@ -149,7 +149,7 @@ class TrainqQueue(Queue):
     ) -> Any:
         while True:
             popped = super().lpop(queue_keys, timeout, connection=connection)
-            problem = None if popped is None else _id_problem(popped[1])
+            problem = None if popped is None else id_problem(popped[1])
             if problem is None or connection is None:
                 return popped
             drop_entry(connection, popped[1], problem)
@@ -167,12 +167,12 @@ def drop_junk_ids(r: Redis, queue: Queue) -> None:
     )
     for registry in registries:
         for member, _ in r.zscan_iter(registry.key):
-            if _id_problem(member.split(b":", 1)[0]) is not None:
+            if id_problem(member.split(b":", 1)[0]) is not None:
                 log.error("dropped %.100r from %s: RQ names no job by it", member, registry.key)
                 r.zrem(registry.key, member)
     listed: list[bytes] = r.lrange(queue.intermediate_queue_key, 0, -1)  # type: ignore[assignment]
     for raw in listed:
-        if _id_problem(raw) is not None:
+        if id_problem(raw) is not None:
             log.error("dropped %.100r from %s: RQ names no job by it", raw, queue.key)
             r.lrem(queue.intermediate_queue_key, 0, raw)  # type: ignore[arg-type]
 

@@ -25,7 +25,9 @@ import onnxscript  # noqa: F401  (the ONNX exporter's: a second of each job's ex
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
 import torchvision  # noqa: F401
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Worker
 from rq.command import handle_stop_job_command
 from rq.executions import Execution
@@ -33,20 +35,32 @@ from rq.job import Job
 from rq.job_lifecycle import record_job_failure
 from rq.serializers import JSONSerializer
 from rq.utils import now
+from rq.worker import WorkerStatus
+from sqlalchemy.exc import SQLAlchemyError
 
 from core.config import Settings
+from core.db import Database
 from core.local.redis_server import READ_TIMEOUT_S, connect, use_read_timeout
 from core.logs import configure_json_logging
 from core.queue_entries import contract_violation
 
 # worker.entries imports the job function and all it imports: ready in each fork.
-from worker.entries import TrainqJob, TrainqQueue, drop_junk_ids, queue_entry
+from worker.entries import (
+    TrainqJob,
+    TrainqQueue,
+    drop_entry,
+    drop_junk_ids,
+    id_problem,
+    queue_entry,
+)
+from worker.fair_share import FairShare
 
 log = logging.getLogger("trainq.worker")
 
 RETRY_FIRST_S = 1.0  # Redis away: the first wait before trying again, doubled each time
 RETRY_MAX_S = 15.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+FAIR_POLL_S = 1  # fair share: how often an idle worker looks again at a queue it cannot take from
 
 
 def _command(data: object) -> dict[str, Any] | None:
@@ -66,9 +80,82 @@ class TrainqWorker(Worker):
     """RQ's forking worker, for trainq's one job function: it runs only entries that keep
     the queue contract (core.queue)."""
 
-    def __init__(self, *args: Any, job_timeout_s: int, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        job_timeout_s: int,
+        settings: Settings | None = None,
+        fair_share_db: Database | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """`fair_share_db`: take jobs by fair share (worker.fair_share), reading the job rows
+        there; None: RQ's own dequeue, the queue's head first."""
         super().__init__(*args, **kwargs)
         self.job_timeout_s = job_timeout_s
+        self.fair = (
+            None
+            if fair_share_db is None
+            else FairShare(self.connection, fair_share_db, settings or Settings(), self.queues[0])
+        )
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        """RQ's dequeue, or with fair share the entry that worker.fair_share chooses, taken
+        into RQ's intermediate list as RQ's own dequeue does; from there on RQ's usual path.
+        `timeout` None (burst): one look, no wait."""
+        if self.fair is None:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        self.set_state(WorkerStatus.IDLE)
+        self.procline(f"Listening on {self.queues[0].name} (fair share)")
+        idle_since = time.monotonic()
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                self.heartbeat()
+                if self.should_run_maintenance_tasks:
+                    self.run_maintenance_tasks()
+                result = self._take_fairly(self.fair)
+                if result is not None or timeout is None:
+                    break
+                if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
+                    break
+                self.fair.wait(min(timeout, FAIR_POLL_S))
+                delay = RETRY_FIRST_S
+            except (RedisConnectionError, RedisTimeoutError, SQLAlchemyError) as e:
+                # As RQ's dequeue does for Redis; the database away too only delays the choice
+                log.warning("fair share cannot choose (%s); trying again in %.0f s", e, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+        self.heartbeat()
+        if result is not None:
+            log.info("took entry %s by fair share", result[0].id)
+        return result
+
+    def _take_fairly(self, fair: FairShare) -> tuple[Job, Queue] | None:
+        """The chosen entry as RQ's dequeue returns it, past ids and entries it cannot read
+        (dropped as TrainqQueue does), or None when nothing may start now."""
+        queue = self.queues[0]
+        while True:
+            raw = fair.take()
+            if raw is None:
+                return None
+            problem = id_problem(raw)
+            if problem is not None:
+                self.connection.lrem(queue.intermediate_queue_key, 1, raw)  # type: ignore[arg-type]
+                drop_entry(self.connection, raw, problem)
+                continue
+            fetched = self.queue_class._fetch_dequeued_job(
+                self.connection,
+                queue.key,
+                raw.decode(),
+                job_class=self.job_class,
+                serializer=self.serializer,
+                death_penalty_class=self.death_penalty_class,
+            )
+            if fetched is not None:
+                fetched[0].redis_server_version = self.get_redis_server_version()  # as RQ's
+                return fetched
 
     def handle_payload(self, message: dict[str, Any]) -> None:
         """RQ's command channel takes anyone's message who can write to Redis. Only
@@ -139,6 +226,8 @@ class TrainqWorker(Worker):
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
         die_with_parent(self.pid)
+        if self.fair is not None:  # the parent's pooled connections stay the parent's
+            self.fair.db.engine.dispose(close=False)
         # RQ raised this connection's read timeout above its blocking dequeue (minutes). The
         # horse never blocks on Redis, so its commands get trainq's own: a partition costs
         # the training loop seconds, not minutes.
@@ -248,6 +337,7 @@ def main() -> None:
     configure_json_logging(logging.INFO)
     r = connect(url)
     runs = itertools.count()
+    fair_share_db = Database.from_settings(settings) if settings.fair_share else None
 
     def make_worker() -> TrainqWorker:
         # With the process id, a restarted worker never clashes with its ghost; with the
@@ -262,6 +352,8 @@ def main() -> None:
             queue_class=TrainqQueue,
             job_monitoring_interval=5,
             job_timeout_s=settings.job_timeout_s,
+            settings=settings,
+            fair_share_db=fair_share_db,
         )
 
     serve(make_worker, r, burst=args.burst)

@@ -1,0 +1,359 @@
+"""Fair share: which waiting entry a free worker takes off the queue.
+
+The one RQ queue stays the carrier (core.queue's contract is unchanged); only the order in
+which workers take its entries changes. A free worker, holding a short lock that all
+workers of the queue share, reads what waits (the queue list) and what is taken but not yet
+ended (RQ's intermediate list and started registry, and the running rows), and takes:
+
+1. first, any entry that cannot compete: junk, or one whose row no longer waits under it
+   (ended, running elsewhere, re-enqueued under another entry). The worker's usual path
+   drops, refuses or skips it at once, as it always did;
+2. then the entries of the owner with the fewest jobs running (ties: the owner whose last
+   take is oldest, then the one whose oldest waiting job is oldest), leaving out owners at
+   their `max_running`; within an owner, `jobs.priority` (high first), then age.
+
+A job has a row (the API's, or the reconciler's) or is an entry that another service put
+straight onto the queue: that one competes as its payload's owner, with its spec's
+priority, until the work horse gives it its row. Admin jobs (owner None) are one more owner.
+
+The take is one Redis script, LREM from the queue and RPUSH onto RQ's intermediate list,
+so two workers never take the same entry, and a worker killed after it is in the state RQ's
+own dequeue (BLMOVE) leaves: the entry sits in the intermediate list, and RQ's clean-up and
+the reconciler bring its job back (worker.reconciler)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from redis import Redis
+from rq import Queue
+from rq.job import Job as RQJob
+from rq.utils import utcparse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.config import Settings
+from core.db import Database, Job
+from core.queue import MAX_OWNER_CHARS, MAX_PAYLOAD_BYTES
+from core.queue_entries import UnreadableEntry, inflate, is_uuid, read_entry
+from core.quotas import limits_for
+from core.spec import JobStatus, Priority
+
+Owner = str | None
+LOCK_TTL_MS = 10_000  # far above one choice (a few reads); a dead holder frees it this soon
+LOCK_WAIT_S = 0.02
+TURNS_TTL_MS = 24 * 3600 * 1000  # owners' last turns: forgotten after a day without a take
+ADMINS = ""  # the admins' field in the turns hash: no owner id is empty (core.queue)
+ROWS_PER_QUERY = 500  # ids in one IN (...): within SQLite's bound on parameters
+
+# The take: the entry leaves the queue and joins RQ's intermediate list in one step (as
+# RQ's own BLMOVE does), or nothing happens when it is no longer on the queue.
+# When the entry competes (ARGV[2] names its owner), the owner's turn is recorded too: a
+# number that grows with each take, in a hash of one field per owner.
+_TAKE = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+if ARGV[2] then
+  local turn = redis.call('HINCRBY', KEYS[3], '#turns', 1)
+  redis.call('HSET', KEYS[3], ARGV[2], turn)
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+end
+return 1
+"""
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """An entry on the queue that competes for a worker."""
+
+    entry: str
+    owner: Owner
+    priority: int  # core.spec.Priority.rank: higher goes first within the owner
+    since: dt.datetime  # the job's creation (a direct entry's enqueue), in UTC
+
+
+@dataclass(frozen=True)
+class Shares:
+    """What each owner runs now (job ids), may run at once (None: no limit), and when a
+    worker last took one of its jobs (a number that grows with each take; 0: never)."""
+
+    running: Mapping[Owner, frozenset[str]]
+    max_running: Mapping[Owner, int | None]
+    last_turn: Mapping[Owner, int]
+
+    def count(self, owner: Owner) -> int:
+        return len(self.running.get(owner, ()))
+
+    def at_limit(self, owner: Owner) -> bool:
+        limit = self.max_running.get(owner)
+        return limit is not None and self.count(owner) >= limit
+
+
+def fair_order(waiting: Iterable[Waiting], shares: Shares) -> list[Waiting]:
+    """The entries a free worker should try, best first: owners by fewest running, then by
+    whose turn came longest ago, then by their oldest waiting job; an owner's own by
+    priority, then age. Owners at their limit are left out: their jobs wait.
+
+    The turn matters where running counts tie, which on a busy pool is every time a worker
+    frees up: by the oldest job alone, the owner with a long backlog would win every tie,
+    and one worker would serve its owners first in, first out."""
+    by_owner: dict[Owner, list[Waiting]] = defaultdict(list)
+    for w in waiting:
+        by_owner[w.owner].append(w)
+    owners = [o for o in by_owner if not shares.at_limit(o)]
+    owners.sort(
+        key=lambda o: (
+            shares.count(o),
+            shares.last_turn.get(o, 0),
+            min(w.since for w in by_owner[o]),
+        )
+    )
+    return [
+        w
+        for o in owners
+        for w in sorted(by_owner[o], key=lambda w: (-w.priority, w.since, w.entry))
+    ]
+
+
+class Row(NamedTuple):
+    id: str
+    owner: Owner
+    status: str
+    queue_entry: str | None
+    priority: int
+    created_at: dt.datetime
+
+
+def job_id_of(entry: bytes) -> str | None:
+    """The trainq job an entry id names by the contract (`<uuid>` or `<uuid>-<suffix>`), or
+    None for an id that names none (the worker's usual path drops or refuses it)."""
+    try:
+        text = entry.decode()
+    except UnicodeDecodeError:
+        return None
+    head = text[:36]
+    if is_uuid(head) and (len(text) == 36 or text[36] == "-"):
+        return head
+    return None
+
+
+@dataclass(frozen=True)
+class Payload:
+    """The little of a direct entry that fair share reads: whose it is, and its priority."""
+
+    owner: Owner
+    priority: int
+    since: dt.datetime
+
+
+def read_payload(r: Redis, entry: str) -> Payload | None:
+    """A direct entry's owner, priority and enqueue time, read within the worker's bounds
+    (core.queue_entries); None when it cannot be read or breaks the contract's shape."""
+    try:
+        fields = read_entry(r, RQJob.redis_job_namespace_prefix + entry)
+    except UnreadableEntry:
+        return None
+    try:
+        _, _, _, kwargs = json.loads(inflate(fields.get(b"data", b""), MAX_PAYLOAD_BYTES))
+    except (ValueError, TypeError, RecursionError):
+        return None
+    if not isinstance(kwargs, dict) or not isinstance(kwargs.get("spec"), dict):
+        return None
+    owner = kwargs.get("owner")
+    if owner is not None and not (isinstance(owner, str) and 1 <= len(owner) <= MAX_OWNER_CHARS):
+        return None
+    return Payload(owner, _rank(kwargs["spec"].get("priority")), _enqueued_at(fields))
+
+
+def _rank(value: Any) -> int:
+    try:
+        return Priority(value).rank if value is not None else Priority.normal.rank
+    except ValueError:
+        return Priority.normal.rank  # the admission refuses the spec; it competes as normal
+
+
+def _enqueued_at(fields: Mapping[bytes, bytes]) -> dt.datetime:
+    try:
+        return utcparse(fields[b"enqueued_at"].decode())
+    except (KeyError, UnicodeDecodeError, ValueError):
+        return dt.datetime.now(dt.UTC)
+
+
+def _turn(raw: bytes | str | None) -> int:
+    """An owner's last turn; 0 (never) for none, or for what no take wrote."""
+    try:
+        return int(raw) if raw is not None and len(raw) <= 20 else 0
+    except ValueError:
+        return 0
+
+
+def _utc(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+class FairShare:
+    """The choice of a free worker of one queue (see the module's docstring)."""
+
+    def __init__(self, r: Redis, db: Database, settings: Settings, queue: Queue) -> None:
+        self.r, self.db, self.settings, self.queue = r, db, settings, queue
+        self.lock_key = f"{queue.key}:fair-share-lock"
+        self.turns_key = f"{queue.key}:fair-share-turns"
+        self.take_script = r.register_script(_TAKE)
+        self.unlock_script = r.register_script(_UNLOCK)
+
+    def take(self) -> bytes | None:
+        """The entry this worker took (now in RQ's intermediate list), or None when nothing
+        on the queue may start now."""
+        keys = [self.queue.key, self.queue.intermediate_queue_key, self.turns_key]
+        with self._lock():
+            for entry, owner in self.plan():
+                turn: list[str | int] = []
+                if owner is not False:
+                    turn = [ADMINS if owner is None else owner, TURNS_TTL_MS]
+                if self.take_script(keys=keys, args=[entry, *turn]):
+                    return entry
+        return None
+
+    def plan(self) -> list[tuple[bytes, Owner | Literal[False]]]:
+        """The entries to try, best first, each with its owner (False: it does not compete)."""
+        listed = _unique(self._list(self.queue.key))
+        started: list[bytes] = self.r.zrange(self.queue.started_job_registry.key, 0, -1)  # type: ignore[assignment]
+        taken = _unique(
+            [
+                *self._list(self.queue.intermediate_queue_key),
+                *(m.split(b":", 1)[0] for m in started),  # members: <job id>:<execution id>
+            ]
+        )
+        ids = {e: job_id_of(e) for e in [*listed, *taken]}
+        with self.db.reader() as s:
+            rows = _rows(s, {i for i in ids.values() if i is not None})
+            running = _running(s)
+            first, waiting = self._waiting(listed, ids, rows)
+            self._count_taken(running, taken, ids, rows)
+            owners = {w.owner for w in waiting}
+            limits = {o: limits_for(s, self.settings, o).max_running for o in owners}
+        shares = Shares({o: frozenset(j) for o, j in running.items()}, limits, self._turns(owners))
+        ordered = [(w.entry.encode(), w.owner) for w in fair_order(waiting, shares)]
+        return [*((e, False) for e in first), *ordered]
+
+    def _turns(self, owners: set[Owner]) -> dict[Owner, int]:
+        listed = sorted(owners, key=lambda o: o or "")
+        fields = [ADMINS if o is None else o for o in listed]
+        values = self.r.hmget(self.turns_key, fields) if fields else []
+        return {o: _turn(v) for o, v in zip(listed, values, strict=True)}
+
+    def _list(self, key: str) -> list[bytes]:
+        return self.r.lrange(key, 0, -1)  # type: ignore[return-value]
+
+    def _waiting(
+        self, listed: Sequence[bytes], ids: Mapping[bytes, str | None], rows: Mapping[str, Row]
+    ) -> tuple[list[bytes], list[Waiting]]:
+        """The listed entries that cannot compete (taken first), and those that do."""
+        first: list[bytes] = []
+        waiting: list[Waiting] = []
+        for raw in listed:
+            job_id = ids[raw]
+            if job_id is None:
+                first.append(raw)
+                continue
+            entry = raw.decode()
+            row = rows.get(job_id)
+            if row is None:
+                payload = read_payload(self.r, entry)
+                if payload is None:
+                    first.append(raw)
+                else:
+                    waiting.append(Waiting(entry, payload.owner, payload.priority, payload.since))
+            elif _waits_under(row, entry):
+                waiting.append(Waiting(entry, row.owner, row.priority, _utc(row.created_at)))
+            else:
+                first.append(raw)
+        return first, waiting
+
+    def _count_taken(
+        self,
+        running: dict[Owner, set[str]],
+        taken: Sequence[bytes],
+        ids: Mapping[bytes, str | None],
+        rows: Mapping[str, Row],
+    ) -> None:
+        """Entries a worker took whose job has not been claimed yet run already, as far as
+        shares go: otherwise two free workers could start one owner past its limit."""
+        for raw in taken:
+            job_id = ids[raw]
+            if job_id is None:
+                continue
+            row = rows.get(job_id)
+            if row is not None:
+                if _waits_under(row, raw.decode()):
+                    running[row.owner].add(job_id)
+                continue
+            payload = read_payload(self.r, raw.decode())
+            if payload is not None:
+                running[payload.owner].add(job_id)
+
+    def wait(self, seconds: int) -> None:
+        """Until something may have changed, at most `seconds`. A fresh entry on an empty
+        queue ends the wait at once (a BLMOVE of the queue onto its own head moves nothing);
+        a queue that holds only jobs waiting for their owner's slot is looked at again after
+        `seconds`, since a slot frees when a job ends, which no list shows."""
+        if self.r.llen(self.queue.key) == 0:
+            self.r.blmove(self.queue.key, self.queue.key, seconds, "LEFT", "LEFT")
+        else:
+            time.sleep(seconds)
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        """One worker of the queue chooses at a time, so that each sees the others' takes."""
+        token = uuid.uuid4().hex
+        while not self.r.set(self.lock_key, token, nx=True, px=LOCK_TTL_MS):
+            time.sleep(LOCK_WAIT_S)
+        try:
+            yield
+        finally:
+            self.unlock_script(keys=[self.lock_key], args=[token])
+
+
+def _unique(items: Iterable[bytes]) -> list[bytes]:
+    return list(dict.fromkeys(items))
+
+
+def _waits_under(row: Row, entry: str) -> bool:
+    """Whether the row is queued and this entry is the one its claim accepts
+    (core.store.claim_job)."""
+    if row.status != JobStatus.queued:
+        return False
+    return row.queue_entry == entry or (row.queue_entry is None and entry == row.id)
+
+
+def _rows(s: Session, job_ids: set[str]) -> dict[str, Row]:
+    ordered = sorted(job_ids)
+    out: dict[str, Row] = {}
+    for i in range(0, len(ordered), ROWS_PER_QUERY):
+        chunk = ordered[i : i + ROWS_PER_QUERY]
+        q = select(
+            Job.id, Job.owner, Job.status, Job.queue_entry, Job.priority, Job.created_at
+        ).where(Job.id.in_(chunk))
+        out.update((row.id, Row(*row)) for row in s.execute(q))
+    return out
+
+
+def _running(s: Session) -> dict[Owner, set[str]]:
+    running: dict[Owner, set[str]] = defaultdict(set)
+    for job_id, owner in s.execute(
+        select(Job.id, Job.owner).where(Job.status == JobStatus.running)
+    ):
+        running[owner].add(job_id)
+    return running
