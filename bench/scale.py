@@ -29,6 +29,7 @@ import multiprocessing
 import os
 import platform
 import queue
+import statistics
 import tempfile
 import threading
 import time
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import update
+from sqlalchemy import text, update
 
 from bench.loadgen import encode_request
 from core.config import Settings
@@ -104,13 +105,11 @@ def publish(job_ids: list[str], db_url: str, redis_url: str, load: Load, out: An
     writer = threading.Thread(target=_db_writer, args=(writes, db_stats), daemon=True)
     writer.start()
     blob = os.urandom(load.checkpoint_bytes)
+    out.put("ready")
+    go.wait()  # the jobs are claimed now: their attempts start, as a worker's do
     for sim in sims:
         sim.stream.add([status_entry(0, {"status": JobStatus.running.value})])
         sim.stream.flush()
-    out.put("ready")
-    go.wait()
-    for sim in sims:  # the attempts beat from the start, as a claimed worker's do
-        _beat(db, sim.job_id, db_stats)
     t0 = time.monotonic()
     measure_from, end = t0 + WARMUP_S, t0 + WARMUP_S + load.seconds
     per_block = max(1, round(load.rate * load.flush_s))
@@ -138,6 +137,7 @@ def publish(job_ids: list[str], db_url: str, redis_url: str, load: Load, out: An
                 writes.put(lambda j=s.job_id: _beat(db, j, db_stats))
             next_beat += HEARTBEAT_S
     cpu = time.process_time() - cpu0
+    db_stats.waiting = writes.qsize()
     writes.put(None)
     writer.join(timeout=60)
     out.put(
@@ -204,6 +204,7 @@ class _DbStats:
         self.epoch_s: list[float] = []
         self.rows = 0
         self.heartbeats = 0
+        self.waiting = 0  # writes queued when the run ended: the database fell behind
         self.errors: list[str] = []
 
     def summary(self) -> dict[str, Any]:
@@ -211,6 +212,7 @@ class _DbStats:
             "epoch_write_s": self.epoch_s,
             "db_rows": self.rows,
             "heartbeats": self.heartbeats,
+            "db_waiting": self.waiting,
             "db_errors": self.errors[:3],
         }
 
@@ -348,19 +350,19 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
 
 
 def _jobs(db: Database, n: int) -> list[str]:
-    """n jobs of the bench's key, each claimed as a worker would: attempt 1 running."""
-    ids = []
+    """n queued jobs of the bench's key."""
+    ids = [str(uuid.uuid4()) for _ in range(n)]
     with db.writer() as s:
-        for _ in range(n):
-            job_id = str(uuid.uuid4())
-            create_job(s, job_id=job_id, spec=JobSpec(), owner=_owner())
-            claim_job(s, job_id=job_id, worker=f"sim-{job_id[:8]}", device="sim")
-            ids.append(job_id)
+        for job_id in ids:
+            create_job(s, job_id=job_id, spec=JobSpec(), owner=owner_id(KEY))
     return ids
 
 
-def _owner() -> str:
-    return owner_id(KEY)
+def _claim(db: Database, jobs: list[str]) -> None:
+    """Each job claimed as a worker would: attempt 1 running, its heartbeat fresh."""
+    with db.writer() as s:
+        for job_id in jobs:
+            claim_job(s, job_id=job_id, worker=f"sim-{job_id[:8]}", device="sim")
 
 
 def point(
@@ -398,12 +400,15 @@ def point(
     for c in children:
         c.start()
     for _ in children:
-        assert out.get(timeout=120) == "ready"
+        assert out.get(timeout=300) == "ready"
+    _claim(db, jobs)
     go.set()
     time.sleep(WARMUP_S)
-    cpu0, api0, t0 = _redis_cpu(r), _proc_cpu(svc), time.monotonic()
+    cpu0, api0, pg0, t0 = _redis_cpu(r), _proc_cpu(svc), _pg_cpu(db), time.monotonic()
     time.sleep(load.seconds)
-    cpu1, api1, wall = _redis_cpu(r), _proc_cpu(svc), time.monotonic() - t0
+    cpu1, api1, pg1 = _redis_cpu(r), _proc_cpu(svc), _pg_cpu(db)
+    wall = time.monotonic() - t0
+    pg = sum(v - pg0.get(pid, v) for pid, v in pg1.items())  # backends alive throughout
     memory = int(r.info("memory")["used_memory"])
     results = [out.get(timeout=120) for _ in children]
     for c in children:
@@ -414,7 +419,8 @@ def point(
         r.delete(*job_keys(job_id))
     with db.writer() as s:  # ended, so that the API's reconciler leaves them alone
         s.execute(update(Job).where(Job.id.in_(jobs)).values(status=JobStatus.canceled))
-    return _summary(n, load, pubs, obs, (cpu1 - cpu0) / wall, (api1 - api0) / wall, memory)
+    cpu = {"redis": (cpu1 - cpu0) / wall, "api": (api1 - api0) / wall, "postgres": pg / wall}
+    return _summary(n, load, pubs, obs, cpu, memory)
 
 
 def _summary(
@@ -422,8 +428,7 @@ def _summary(
     load: Load,
     pubs: list[dict[str, Any]],
     obs: dict[str, Any],
-    redis_cpu: float,
-    api_cpu: float,
+    cpu: dict[str, float],
     redis_memory: int,
 ) -> dict[str, Any]:
     offered = n * load.rate
@@ -436,15 +441,16 @@ def _summary(
         "offered_steps_per_s": offered,
         "stream_entries_per_s": round(achieved),
         "delivered_share": round(achieved / offered, 3),
-        "redis_cpu_cores": round(redis_cpu, 3),
-        "redis_us_per_entry": round(redis_cpu / achieved * 1e6, 2) if achieved else None,
+        "redis_cpu_cores": round(cpu["redis"], 3),
+        "redis_us_per_entry": round(cpu["redis"] / achieved * 1e6, 2) if achieved else None,
         "redis_used_memory_mb": round(redis_memory / 2**20, 1),
         "block_round_trip_ms": _quantiles(
             [x for p in pubs for x in p["flush_s"]], 1000, (0.5, 0.99)
         ),
         "block_late_ms": _quantiles(late, 1000, (0.5, 0.99)),
         "publisher_cpu_cores": round(sum(p["cpu_s"] for p in pubs) / load.seconds, 3),
-        "api_cpu_cores": round(api_cpu, 3),
+        "api_cpu_cores": round(cpu["api"], 3),
+        "postgres_cpu_cores": round(cpu["postgres"], 3),
         "observer_cpu_cores": round(obs["cpu_s"] / load.seconds, 3),
         "metrics_ms": _quantiles(metrics, 1000, (0.5, 0.99)),
         "metrics_requests": len(metrics),
@@ -452,27 +458,43 @@ def _summary(
         "db_rows_per_s": round(sum(p["db_rows"] for p in pubs) / load.seconds),
         "epoch_writes": len(epoch_s),
         "epoch_write_ms": _quantiles(epoch_s, 1000, (0.5, 0.99)),
+        # The worker writes its epoch before it trains on (worker.recorder): this share of
+        # an epoch's time its GPU would wait.
+        "epoch_write_share": round(statistics.median(epoch_s) * load.rate / load.steps_per_epoch, 3)
+        if epoch_s
+        else None,
+        "epoch_writes_waiting": sum(p["db_waiting"] for p in pubs),
         "heartbeats": sum(p["heartbeats"] for p in pubs),
         "errors": [e for p in pubs for e in p["db_errors"]] + obs["errors"],
         "stopped_streams": [s for p in pubs for s in p["stopped"]],
     }
     row["misses"] = _misses(row)
+    row["slow"] = _slow(row)
     return row
 
 
 def _misses(row: dict[str, Any]) -> list[str]:
+    """What the point failed to carry: the knee is the first point with any."""
     misses = []
     if row["delivered_share"] < DELIVERED_SHARE:
         misses.append(f"delivered {row['delivered_share']:.0%} of the offered entries")
-    sse = row["sse_lag_ms"].get("p99")
-    if sse is None or sse > SSE_LAG_P99_S * 1000:
-        misses.append(f"SSE lag p99 {sse} ms")
-    metrics = row["metrics_ms"].get("p99")
-    if metrics is None or metrics > METRICS_P99_S * 1000:
-        misses.append(f"/metrics p99 {metrics} ms")
+    if row["epoch_writes_waiting"] > row["workers"]:
+        misses.append(f"{row['epoch_writes_waiting']} epoch writes behind")
     if row["errors"] or row["stopped_streams"]:
         misses.append("errors")
     return misses
+
+
+def _slow(row: dict[str, Any]) -> list[str]:
+    """The readers' latencies past their targets (on shared cores, often the machine's)."""
+    slow = []
+    sse = row["sse_lag_ms"].get("p99")
+    if sse is None or sse > SSE_LAG_P99_S * 1000:
+        slow.append(f"SSE lag p99 {sse} ms")
+    metrics = row["metrics_ms"].get("p99")
+    if metrics is None or metrics > METRICS_P99_S * 1000:
+        slow.append(f"/metrics p99 {metrics} ms")
+    return slow
 
 
 def _quantiles(xs: list[float], scale: float, qs: tuple[float, ...]) -> dict[str, float]:
@@ -482,6 +504,24 @@ def _quantiles(xs: list[float], scale: float, qs: tuple[float, ...]) -> dict[str
     return {
         f"p{round(q * 100)}": round(xs[min(len(xs) - 1, int(q * len(xs)))] * scale, 2) for q in qs
     }
+
+
+def _pg_cpu(db: Database) -> dict[int, float]:
+    """CPU seconds of each PostgreSQL backend serving the bench's database (the server runs
+    on this machine)."""
+    with db.reader() as s:
+        pids = s.scalars(
+            text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        ).all()
+    return {pid: cpu for pid in pids if (cpu := _cpu_of(pid)) is not None}
+
+
+def _cpu_of(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _redis_cpu(r: Any) -> float:
@@ -494,14 +534,7 @@ def _proc_cpu(svc: Service) -> float:
     assert svc.api is not None
     from tests.service import descendants
 
-    total = 0.0
-    for pid in [svc.api.pid, *descendants(svc.api.pid)]:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return sum(_cpu_of(pid) or 0.0 for pid in [svc.api.pid, *descendants(svc.api.pid)])
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -607,12 +640,8 @@ def main() -> None:
 
 
 def _report(args: argparse.Namespace, load: Load, points: list[dict[str, Any]]) -> dict[str, Any]:
-    good = [pt for pt in points if not pt["misses"]]
+    carried = [pt for pt in points if not pt["misses"]]
     knee = next((pt for pt in points if pt["misses"]), None)
-    best = good[-1] if good else None
-    ceiling = None
-    if best and best["redis_cpu_cores"]:
-        ceiling = round(best["stream_entries_per_s"] / best["redis_cpu_cores"])
     return {
         "benchmark": "scale",
         "machine": machine(),
@@ -633,11 +662,33 @@ def _report(args: argparse.Namespace, load: Load, points: list[dict[str, Any]]) 
             "metrics_p99_ms": METRICS_P99_S * 1000,
         },
         "points": points,
-        "most_workers_within_targets": best["workers"] if best else 0,
+        "most_workers_carried": carried[-1]["workers"] if carried else 0,
         "knee": {"workers": knee["workers"], "misses": knee["misses"]} if knee else None,
-        "redis_entries_per_s_on_one_core": ceiling,
-        "redis_workers_on_one_core_at_this_rate": ceiling // load.rate if ceiling else None,
+        "per_core": _per_core(load, points),
     }
+
+
+def _per_core(load: Load, points: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each shared part's cost per unit of work, from every point that carried its load
+    (medians), and the workers at this rate that one core of it would carry."""
+    carried = [pt for pt in points if not pt["misses"]] or points
+    redis_us = [pt["redis_us_per_entry"] for pt in carried if pt["redis_us_per_entry"]]
+    pg_ms = [
+        pt["postgres_cpu_cores"] * load.seconds / pt["epoch_writes"] * 1000
+        for pt in carried
+        if pt["epoch_writes"]
+    ]
+    epochs_per_s = load.rate / load.steps_per_epoch  # per worker
+    out: dict[str, Any] = {}
+    if redis_us:
+        us = statistics.median(redis_us)
+        out["redis_us_per_entry"] = round(us, 2)
+        out["redis_workers_per_core"] = round(1e6 / us / load.rate)
+    if pg_ms:
+        ms = statistics.median(pg_ms)
+        out["postgres_cpu_ms_per_epoch_write"] = round(ms, 1)
+        out["postgres_workers_per_core"] = round(1000 / ms / epochs_per_s)
+    return out
 
 
 if __name__ == "__main__":
