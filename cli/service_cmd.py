@@ -113,12 +113,20 @@ def _serve(settings: Settings, workers: int = 1) -> int:
     if workers == 1:
         from api.app import create_app
 
-        uvicorn.run(create_app(settings, url), host=host, port=port, access_log=False)
+        app = create_app(settings, url)
+        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
         return 0
     with api_processes(settings, url):
         # Each process builds its app from the environment (api.app.from_environment).
-        app = "api.app:from_environment"
-        uvicorn.run(app, factory=True, workers=workers, host=host, port=port, access_log=False)
+        uvicorn.run(
+            "api.app:from_environment",
+            factory=True,
+            workers=workers,
+            host=host,
+            port=port,
+            log_level="info",
+            access_log=False,
+        )
     return 0
 
 
