@@ -7,10 +7,10 @@ import contextlib
 import ipaddress
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -134,16 +134,23 @@ def _serve(settings: Settings, workers: int = 1) -> int:
 def api_processes(settings: Settings, redis_url: str) -> Iterator[None]:
     """What every API process must share, handed down in the environment they are started
     with: the settings this command resolved (the Redis it may have started, the key it may
-    have made), and a fresh folder for Prometheus's multiprocess mode, so that /metrics
-    from any process counts the requests of all (api.observability)."""
-    with tempfile.TemporaryDirectory(prefix="trainq-metrics-") as folder:
-        os.environ.update(
-            TRAINQ_REDIS_URL=redis_url,
-            TRAINQ_API_KEYS=settings.api_keys,
-            TRAINQ_ADMIN_KEYS=settings.admin_keys,
-            PROMETHEUS_MULTIPROC_DIR=folder,
-        )
+    have made), and an empty folder for Prometheus's multiprocess mode, so that /metrics
+    from any process counts the requests of all (api.observability). The folder is this
+    port's in the data folder, emptied at every start: a server killed before it could
+    remove it leaves one folder, never one a run."""
+    folder = settings.data_dir / "api-metrics" / str(settings.port)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    os.environ.update(
+        TRAINQ_REDIS_URL=redis_url,
+        TRAINQ_API_KEYS=settings.api_keys,
+        TRAINQ_ADMIN_KEYS=settings.admin_keys,
+        PROMETHEUS_MULTIPROC_DIR=str(folder),
+    )
+    try:
         yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _reconcile_in_background(settings: Settings, redis_url: str) -> None:
