@@ -46,6 +46,15 @@ def lifespan(settings: Settings, redis_url: str) -> Lifespan:
     return run
 
 
+def from_environment() -> FastAPI:
+    """The app of one of several API processes (`trainq serve --workers N`): the serving
+    command has put everything it resolved into the environment they start with."""
+    settings = Settings()
+    if not settings.redis_url:
+        raise RuntimeError("TRAINQ_REDIS_URL is not set: start the API with `trainq serve`")
+    return create_app(settings, settings.redis_url)
+
+
 def create_app(settings: Settings, redis_url: str) -> FastAPI:
     """`redis_url` is resolved by the caller (the embedded server is started outside)."""
     keys = KeyRing(settings.api_key_list, settings.admin_key_list)

@@ -1,15 +1,18 @@
 """GET /metrics in Prometheus format: jobs by status, queue depth, workers alive, API
 request latency, and for an admin key each worker's training images/s, step time and GPU
-memory (labelled by the worker's name, which carries its host's)."""
+memory (labelled by the worker's name, which carries its host's). With several API
+processes behind one port, the latencies are those of all of them, whichever answers."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -125,7 +128,12 @@ def install(app: FastAPI) -> None:
     # The same figures for every key, but the per-worker series only for admin keys.
     registries = {admin: CollectorRegistry() for admin in (False, True)}
     for admin, registry in registries.items():
-        registry.register(latency)
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # Several API processes behind one port (`trainq serve --workers N`): each writes
+            # its latencies to a file there, and a scrape of any one adds up all of them.
+            MultiProcessCollector(registry)
+        else:
+            registry.register(latency)
         registry.register(ServiceCollector(app, per_worker=admin))
 
     app.add_middleware(TimeRequests, latency=latency)

@@ -98,6 +98,19 @@ def train_options(p: argparse.ArgumentParser) -> None:
 def serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="default TRAINQ_HOST (127.0.0.1)")
     p.add_argument("--port", type=int, help="default TRAINQ_PORT (8000)")
+    p.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="API processes behind the one port (default 1)",
+    )
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return n
 
 
 def worker_options(p: argparse.ArgumentParser) -> None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 from core.config import Settings
 from core.local.keys import load_or_create_key
@@ -95,20 +98,59 @@ def serve_command(args: argparse.Namespace) -> int:
         return 2
     if _not_at_head(settings.resolved_database_url):
         return 2
-    return _serve(_with_keys(settings))
+    return _serve(_with_keys(settings), args.workers)
 
 
-def _serve(settings: Settings) -> int:
+def _serve(settings: Settings, workers: int = 1) -> int:
+    """The API, in `workers` processes behind one port, and one reconciler beside them."""
     import uvicorn
 
-    from api.app import create_app
     from core.local.redis_server import redis_url
 
     url = redis_url(settings)
-    app = create_app(settings, url)
     _reconcile_in_background(settings, url)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
+    host, port = settings.host, settings.port
+    if workers == 1:
+        from api.app import create_app
+
+        app = create_app(settings, url)
+        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+        return 0
+    with api_processes(settings, url):
+        # Each process builds its app from the environment (api.app.from_environment).
+        uvicorn.run(
+            "api.app:from_environment",
+            factory=True,
+            workers=workers,
+            host=host,
+            port=port,
+            log_level="info",
+            access_log=False,
+        )
     return 0
+
+
+@contextlib.contextmanager
+def api_processes(settings: Settings, redis_url: str) -> Iterator[None]:
+    """What every API process must share, handed down in the environment they are started
+    with: the settings this command resolved (the Redis it may have started, the key it may
+    have made), and an empty folder for Prometheus's multiprocess mode, so that /metrics
+    from any process counts the requests of all (api.observability). The folder is this
+    port's in the data folder, emptied at every start: a server killed before it could
+    remove it leaves one folder, never one a run."""
+    folder = settings.data_dir / "api-metrics" / str(settings.port)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    os.environ.update(
+        TRAINQ_REDIS_URL=redis_url,
+        TRAINQ_API_KEYS=settings.api_keys,
+        TRAINQ_ADMIN_KEYS=settings.admin_keys,
+        PROMETHEUS_MULTIPROC_DIR=str(folder),
+    )
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _reconcile_in_background(settings: Settings, redis_url: str) -> None:
@@ -184,7 +226,7 @@ def up_command(args: argparse.Namespace) -> int:
         key = settings.admin_key_list[0]
         print(f"trainq up: admin API key {key} (kept in {settings.key_file})", file=sys.stderr)
     try:
-        return _serve(settings)
+        return _serve(settings, args.workers)
     finally:
         workers.send_signal(signal.SIGTERM)
         try:

@@ -174,6 +174,7 @@ class Service:
     log_dir: Path | None = None
     clients: list[Client] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    api_args: tuple[str, ...] = ()  # `trainq serve`'s own, such as ("--workers", "2")
 
     @property
     def url(self) -> str:
@@ -234,7 +235,7 @@ class Service:
         )
 
     def start_api(self) -> None:
-        self.api = self._spawn(f"api{time.monotonic_ns()}", "serve")
+        self.api = self._spawn(f"api{time.monotonic_ns()}", "serve", *self.api_args)
         wait_until(self._healthy, 30, "the API to answer /health")
 
     def _healthy(self) -> bool:
