@@ -1,6 +1,7 @@
 """GET /metrics in Prometheus format: jobs by status, queue depth, workers alive, API
-request latency, this process's event streams (open, and let go as lagging), and for an admin key each worker's training images/s, step time and GPU
-memory (labelled by the worker's name, which carries its host's)."""
+request latency, this process's event streams (open, and let go as lagging), and for an
+admin key each worker's training images/s, step time and GPU memory (labelled by the
+worker's name, which carries its host's)."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -21,6 +22,7 @@ from core.train import StepMetrics
 from tests.service import RedisServer, Service, wait_until
 
 PER_KEY, PER_PROCESS, MAX_LAG = 2, 3, 500
+FOLLOW_BOUND_S = 120.0  # a whole read, however slow the machine
 FLOOD = 40_000  # entries: far more than a socket's buffers hold (a few MB) and MAX_LAG
 
 
@@ -63,6 +65,16 @@ def open_stream(stack: ExitStack, http: httpx.Client, url: str, key: str) -> htt
     return stack.enter_context(http.stream("GET", url, headers=auth(key)))
 
 
+def refusal(http: httpx.Client, url: str, key: str) -> tuple[int, dict[str, Any], str]:
+    """Status, body and Retry-After of a stream the API should refuse (a stream it
+    accepts is closed at once, its status returned with no body)."""
+    with http.stream("GET", url, headers=auth(key)) as resp:
+        if resp.status_code != 429:
+            return resp.status_code, {}, ""
+        resp.read()
+        return resp.status_code, resp.json(), resp.headers["retry-after"]
+
+
 def test_streams_past_the_per_key_and_per_process_limits_are_429(svc: Service) -> None:
     alice, bob = svc.keys
     job = svc.client().submit({"epochs": 1})["id"]
@@ -70,18 +82,17 @@ def test_streams_past_the_per_key_and_per_process_limits_are_429(svc: Service) -
     with httpx.Client(timeout=30) as http, ExitStack() as stack:
         held = [open_stream(stack, http, url, alice) for _ in range(PER_KEY)]
         assert [r.status_code for r in held] == [200] * PER_KEY
-        refused = http.get(url, headers=auth(alice))
-        assert refused.status_code == 429 and refused.headers["retry-after"]
-        assert refused.json()["limit"] == "sse_max_per_key"
-        assert refused.json()["allowed"] == PER_KEY
-        assert f"{PER_KEY} event streams" in refused.json()["detail"]
+        status, body, retry_after = refusal(http, url, alice)
+        assert status == 429 and retry_after
+        assert body["limit"] == "sse_max_per_key" and body["allowed"] == PER_KEY
+        assert f"{PER_KEY} event streams" in body["detail"]
         # Another key still may, up to the process's limit.
         admin_job = svc.client(svc.admin_key).submit({"epochs": 1})["id"]
         assert open_stream(stack, http, url, bob).status_code == 404  # not bob's: no slot
         other = f"{svc.url}/jobs/{admin_job}/events"
         assert open_stream(stack, http, other, svc.admin_key).status_code == 200
-        full = http.get(other, headers=auth(svc.admin_key))
-        assert full.status_code == 429 and full.json()["limit"] == "sse_max_per_process"
+        status, body, _ = refusal(http, other, svc.admin_key)
+        assert status == 429 and body["limit"] == "sse_max_per_process"
         assert gauge(svc, "trainq_sse_followers") == PER_PROCESS
         held[0].close()  # a stream that ends frees its place
         wait_until(lambda: gauge(svc, "trainq_sse_followers") == PER_PROCESS - 1, 10, "a slot")
@@ -94,9 +105,12 @@ def point(step: int) -> StepMetrics:
 
 
 def events_of(lines: Iterator[str], until: str | None = None) -> Iterator[dict[str, Any]]:
-    """SSE events from `lines` until the stream ends (or an event of kind `until`)."""
+    """SSE events from `lines` until the stream ends (or an event of kind `until`); fails
+    if it is still open after FOLLOW_BOUND_S (keep-alives do not count)."""
+    deadline = time.monotonic() + FOLLOW_BOUND_S
     event: dict[str, str] = {}
     for line in lines:
+        assert time.monotonic() < deadline, f"the stream is still open: {event}"
         if line.startswith(":"):
             continue
         if line:
@@ -119,7 +133,7 @@ def test_a_client_that_stops_reading_is_sent_lagging_and_resumes_with_no_gap(
     write(r, job, 1, step_entries([point(1)]))
     url = f"{svc.url}/jobs/{job}/events"
     # A small receive buffer: the server's socket fills soon after the client stops reading.
-    tiny = httpx.HTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)])
+    tiny = httpx.HTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)])
     lagged_before = gauge(svc, "trainq_sse_lagging_total")
     with (
         httpx.Client(transport=tiny, timeout=60) as http,
