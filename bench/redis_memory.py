@@ -140,7 +140,7 @@ def main() -> None:
     p.add_argument("--maxlen", type=int, action="append", help="default: 200000 and 20000")
     p.add_argument("--followers", type=int, default=50)
     args = p.parse_args()
-    maxlens = args.maxlen or [200_000, 20_000]
+    maxlens = sorted(args.maxlen or [200_000, 20_000])
     with tempfile.TemporaryDirectory(prefix="trainq-bench-") as tmp:
         root = Path(tmp)
         data = root / "data"
