@@ -86,9 +86,10 @@ class _Inbox:
         self.q: asyncio.Queue[Item] = asyncio.Queue()
 
     def offer(self, item: Item) -> bool:
-        """Queue `item`; False if the follower is let go instead."""
+        """Queue `item`; False if the follower is let go instead. A batch always fits an
+        empty inbox, however small the bound."""
         size = len(item) if isinstance(item, list) else 0
-        if self.entries + size > self.max_entries:
+        if self.entries and self.entries + size > self.max_entries:
             self.drop(Signal.LAGGING if self.live else Signal.BEHIND)
             return False
         self.entries += size
@@ -252,7 +253,6 @@ class EventStreamResponse(StreamingResponse):
         )
         self.hub = hub
         self.owner = owner
-        self.events = content
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
