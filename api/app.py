@@ -33,7 +33,7 @@ def lifespan(settings: Settings, redis_url: str) -> Lifespan:
         app.state.redis = connect(redis_url)
         app.state.aredis = connect_async(redis_url, longest_block_s=IDLE_BLOCK_MS / 1000)
         app.state.submitter = Submitter(app.state.db, redis_url, settings)
-        app.state.events = EventHub(app.state.db, app.state.aredis)
+        app.state.events = EventHub(app.state.db, app.state.aredis, settings)
         # Everything made so far lives as long as the process: out of the collector's sight,
         # full collections no longer walk it (each walk stalled every request in flight).
         gc.freeze()

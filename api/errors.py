@@ -10,13 +10,16 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError
 from sqlalchemy.exc import OperationalError
 
-from core.errors import QuotaExceeded
+from core.errors import QuotaExceeded, TooManyFollowers
 
 log = logging.getLogger("trainq.api")
 RETRY_AFTER_S = "5"
+# A full Redis frees memory as streams of ended jobs expire, or when an operator acts:
+# seconds are not enough.
+FULL_RETRY_AFTER_S = "30"
 
 
 def _json_safe(value: Any) -> Any:
@@ -40,12 +43,21 @@ def install(app: FastAPI) -> None:
     async def redis_away(_: Request, exc: Exception) -> JSONResponse:
         """Any Redis failure, not only a lost connection: a refused command (a server out
         of memory, a read-only replica, a loading one) is as retryable for the client."""
+        if out_of_memory(exc):
+            what = "the queue (Redis) is full: it refuses writes past its maxmemory"
+            return _unavailable(what, exc, FULL_RETRY_AFTER_S)
         return _unavailable("the queue (Redis) is unavailable or refused the command", exc)
 
     @app.exception_handler(QuotaExceeded)
     async def over_quota(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, QuotaExceeded)
         return quota_refusal(exc)
+
+    @app.exception_handler(TooManyFollowers)
+    async def too_many_followers(_: Request, exc: TooManyFollowers) -> JSONResponse:
+        """429 naming the limit: the client may follow again once one of its streams ends."""
+        body = {"detail": exc.message, "limit": exc.limit, "allowed": exc.allowed}
+        return JSONResponse(body, status_code=429, headers={"Retry-After": RETRY_AFTER_S})
 
     @app.exception_handler(OperationalError)
     async def database_busy(_: Request, exc: Exception) -> JSONResponse:
@@ -67,11 +79,17 @@ def quota_refusal(exc: QuotaExceeded) -> JSONResponse:
     return JSONResponse(body, status_code=429, headers=headers)
 
 
-def _unavailable(what: str, exc: Exception) -> JSONResponse:
+def out_of_memory(exc: Exception) -> bool:
+    """Redis refused a write past its maxmemory: the OOM reply, also as a script's error
+    (a script's refused write comes back as a plain error that quotes it)."""
+    return isinstance(exc, OutOfMemoryError) or "OOM command not allowed" in str(exc)
+
+
+def _unavailable(what: str, exc: Exception, retry_after_s: str = RETRY_AFTER_S) -> JSONResponse:
     """503 + Retry-After: the client did nothing wrong and may simply try again."""
     log.warning("%s: %s", what, exc)
     return JSONResponse(
         {"detail": f"{what}; retry shortly"},
         status_code=503,
-        headers={"Retry-After": RETRY_AFTER_S},
+        headers={"Retry-After": retry_after_s},
     )

@@ -8,7 +8,15 @@ epoch end: while the job runs the follower waits for them (with keep-alives); on
 ended, steps that neither holds are named by a `gap` event (`from`, `to`). The stream of a
 job that ended closes, also when Redis never got (or lost) the end, and while something
 (a superseded attempt) still adds to it: the feed asks the database every few seconds, and
-the database's status closes it, keyed after everything the follower has seen."""
+the database's status closes it, keyed after everything the follower has seen.
+
+Followers are bounded. Each API process holds at most `sse_max_per_process` streams open,
+and each key `sse_max_per_key` of them; past either, 429 (TooManyFollowers). A follower
+whose connection leaves more than `sse_max_lag` live entries untaken (its client reads
+slower than the job trains, or stopped reading) is sent a `lagging` event, keyed (SSE id)
+with the last entry it was sent, and its stream closes: it resumes with that Last-Event-ID,
+from Redis or the database, at its own pace. What a follower holds in this process is so
+bounded by `sse_max_lag` entries."""
 
 from __future__ import annotations
 
@@ -16,15 +24,20 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from enum import Enum
 from typing import Any
 
 from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.orm import Session
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from api.deps import read
+from core.config import Settings
 from core.db import Database
+from core.errors import TooManyFollowers
 from core.spec import JobStatus
 from core.store import epoch_metrics, get_job, step_rows
 from core.stream import (
@@ -44,7 +57,6 @@ GAP_POLL_S = 1.0  # how often a follower waiting for missing steps asks the data
 # superseded attempt (or any writer) may go on adding to a stream whose end was lost.
 ENDED_POLL_S = 3.0
 DB_PAGE = 2000
-BACKLOG = 256  # live batches a follower may fall behind by before it reads Redis again
 KEEP_ALIVE = ": keep-alive\n\n"
 ADMIN_ONLY = frozenset({"worker"})  # status fields no event carries (see _for_every_key)
 
@@ -55,9 +67,47 @@ class Signal(Enum):
     IDLE = "nothing new: send a keep-alive"
     BEHIND = "the feed let go of this follower: read Redis directly"
     ENDED = "the job ended and Redis holds no end: close from the database"
+    LAGGING = "the connection left too many live entries untaken: say so and close"
 
 
 Item = Batch | Signal
+
+
+class _Inbox:
+    """The live items the feed hands one follower, at most `max_entries` entries untaken.
+    Past that the feed lets go of the follower and what waits is dropped: a follower still
+    reading what came before its live feed (`live` False) reads Redis again once it gets
+    there (BEHIND); one that has caught up is lagging (its connection does not keep up)."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self.entries = 0
+        self.live = False
+        self.q: asyncio.Queue[Item] = asyncio.Queue()
+
+    def offer(self, item: Item) -> bool:
+        """Queue `item`; False if the follower is let go instead. A batch always fits an
+        empty inbox, however small the bound."""
+        size = len(item) if isinstance(item, list) else 0
+        if self.entries and self.entries + size > self.max_entries:
+            self.drop(Signal.LAGGING if self.live else Signal.BEHIND)
+            return False
+        self.entries += size
+        self.q.put_nowait(item)
+        return True
+
+    def drop(self, signal: Signal) -> None:
+        """Let go: what waits is dropped, `signal` is all that is left to read."""
+        while not self.q.empty():
+            self.q.get_nowait()
+        self.entries = 0
+        self.q.put_nowait(signal)
+
+    async def get(self) -> Item:
+        item = await self.q.get()
+        if isinstance(item, list):
+            self.entries -= len(item)
+        return item
 
 
 def sse(event_id: EntryId, kind: str, data: dict[str, Any]) -> str:
@@ -95,14 +145,14 @@ def _for_every_key(kind: str, data: dict[str, Any]) -> dict[str, Any]:
 class _Feed:
     """One job's live entries, read once from Redis for every follower in this process:
     with a hundred followers that is one blocking XREAD, one parse and one SSE encoding per
-    batch instead of a hundred of each. A follower that falls BACKLOG batches behind is
-    dropped from the feed and reads Redis itself until it has caught up."""
+    batch instead of a hundred of each. A follower that leaves too many entries untaken is
+    let go (_Inbox)."""
 
     def __init__(self, hub: EventHub, job_id: str, cursor: EntryId) -> None:
         self.hub = hub
         self.job_id = job_id
         self.cursor = cursor
-        self.followers: set[asyncio.Queue[Item]] = set()
+        self.followers: set[_Inbox] = set()
         self.task = asyncio.create_task(self._run(), name=f"trainq-feed-{job_id}")
 
     async def _run(self) -> None:
@@ -133,44 +183,56 @@ class _Feed:
         finally:
             if self.hub.feeds.get(self.job_id) is self:
                 del self.hub.feeds[self.job_id]
-            for q in list(self.followers):
-                _offer(q, Signal.BEHIND)  # the feed is gone: read Redis directly
+            for inbox in list(self.followers):
+                inbox.offer(Signal.BEHIND)  # the feed is gone: read Redis directly
 
     def _send(self, item: Item) -> None:
-        for q in list(self.followers):
-            if not _offer(q, item):
-                self.followers.discard(q)
-
-
-def _offer(q: asyncio.Queue[Item], item: Item) -> bool:
-    try:
-        q.put_nowait(item)
-    except asyncio.QueueFull:
-        q.get_nowait()
-        q.put_nowait(Signal.BEHIND)  # too far behind: told to read Redis itself
-        return False
-    return True
+        for inbox in list(self.followers):
+            if not inbox.offer(item):
+                self.followers.discard(inbox)
+                if inbox.live:
+                    self.hub.lagging += 1
 
 
 class EventHub:
-    """The live feeds of one API process, one per job that has followers."""
+    """The live feeds of one API process, one per job that has followers, and the count of
+    its open event streams (per key, and in all)."""
 
-    def __init__(self, db: Database, ar: AsyncRedis) -> None:
+    def __init__(self, db: Database, ar: AsyncRedis, settings: Settings) -> None:
         self.db = db
         self.ar = ar
+        self.max_per_key = settings.sse_max_per_key
+        self.max_per_process = settings.sse_max_per_process
+        self.max_lag = settings.sse_max_lag
         self.feeds: dict[str, _Feed] = {}
+        self.open: Counter[str] = Counter()  # owner id -> its open streams
+        self.lagging = 0  # followers let go as lagging, for /metrics
 
-    def follow(self, job_id: str, cursor: EntryId) -> asyncio.Queue[Item]:
+    def admit(self, owner: str) -> None:
+        """Count a new stream of `owner`'s, or refuse it (TooManyFollowers). Each admitted
+        stream is released once (EventStreamResponse)."""
+        if self.open.total() >= self.max_per_process:
+            raise TooManyFollowers("sse_max_per_process", self.max_per_process)
+        if self.open[owner] >= self.max_per_key:
+            raise TooManyFollowers("sse_max_per_key", self.max_per_key)
+        self.open[owner] += 1
+
+    def release(self, owner: str) -> None:
+        self.open[owner] -= 1
+        if self.open[owner] <= 0:
+            del self.open[owner]
+
+    def follow(self, job_id: str, cursor: EntryId) -> _Inbox:
         """Live batches from now on (and possibly some from before: the follower skips
         what it has seen). `cursor` starts a new feed: the last entry the stream holds."""
         feed = self.feeds.get(job_id)
         if feed is None:
             feed = self.feeds[job_id] = _Feed(self, job_id, cursor)
-        q: asyncio.Queue[Item] = asyncio.Queue(BACKLOG)
-        feed.followers.add(q)
-        return q
+        inbox = _Inbox(self.max_lag)
+        feed.followers.add(inbox)
+        return inbox
 
-    def leave(self, job_id: str, q: asyncio.Queue[Item]) -> None:
+    def leave(self, job_id: str, q: _Inbox) -> None:
         feed = self.feeds.get(job_id)
         if feed is not None:
             feed.followers.discard(q)
@@ -179,11 +241,34 @@ class EventHub:
                 feed.task.cancel()
 
 
-async def event_stream(
-    hub: EventHub, db: Database, ar: AsyncRedis, job_id: str, last_event_id: str | None
-) -> AsyncIterator[str]:
-    async for chunk in _Follower(hub, db, ar, job_id, _resumed_at(last_event_id)).events():
-        yield chunk
+class EventStreamResponse(StreamingResponse):
+    """One admitted follower's response: its slot is released however the stream ends
+    (the job's end, lagging, the client gone, the server stopping)."""
+
+    def __init__(self, hub: EventHub, owner: str, content: AsyncIterator[str]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self.hub = hub
+        self.owner = owner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.hub.release(self.owner)
+
+
+def follow_events(
+    hub: EventHub, db: Database, ar: AsyncRedis, owner: str, job_id: str, last_event_id: str | None
+) -> EventStreamResponse:
+    """The event stream of `job_id` for a follower of `owner`'s, admitted (or refused with
+    TooManyFollowers) now."""
+    hub.admit(owner)
+    follower = _Follower(hub, db, ar, job_id, _resumed_at(last_event_id))
+    return EventStreamResponse(hub, owner, follower.events())
 
 
 def _resumed_at(last_event_id: str | None) -> EntryId:
@@ -228,7 +313,7 @@ class _Follower:
                 yield KEEP_ALIVE
                 await asyncio.sleep(GAP_POLL_S)
 
-    async def _relay(self, q: asyncio.Queue[Item]) -> AsyncIterator[str]:
+    async def _relay(self, q: _Inbox) -> AsyncIterator[str]:
         """Until the end, a stall, or the feed lets go of this follower."""
         stored = False
         async for batch in self._stored():
@@ -241,9 +326,14 @@ class _Follower:
             async for chunk in self._close():
                 yield chunk
             return
+        q.live = True
         while (item := await q.get()) is not Signal.BEHIND:
             if item is Signal.IDLE:
                 yield KEEP_ALIVE
+            elif item is Signal.LAGGING:
+                self.done = True
+                yield self._lagging()
+                return
             elif item is Signal.ENDED:
                 async for chunk in self._close():
                     yield chunk
@@ -253,6 +343,12 @@ class _Follower:
                     yield chunk
                 if self.done or self.stalled:
                     return
+
+    def _lagging(self) -> str:
+        """The follower's last event: keyed with the last entry it was sent, so that an
+        EventSource (or any client that keeps the last id) resumes right after it."""
+        log.info("a follower of job %s is lagging at %s: dropped", self.job_id, self.cursor)
+        return sse(self.cursor, "lagging", {"type": "lagging", "last_id": str(self.cursor)})
 
     async def _stored(self) -> AsyncIterator[Batch]:
         read_to = self.cursor  # past the entries read, skipped ones included

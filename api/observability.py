@@ -1,7 +1,8 @@
 """GET /metrics in Prometheus format: jobs by status, queue depth, workers alive, API
-request latency, and for an admin key each worker's training images/s, step time and GPU
-memory (labelled by the worker's name, which carries its host's). With several API
-processes behind one port, the latencies are those of all of them, whichever answers."""
+request latency, the event streams (open, and let go as lagging), and for an admin
+key each worker's training images/s, step time and GPU memory (labelled by the
+worker's name, which carries its host's). With several API processes behind one
+port, the latencies are those of all of them, whichever answers."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
@@ -39,8 +40,18 @@ class ServiceCollector(Collector):
         self.app = app
         self.per_worker = per_worker
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         state = self.app.state
+        followers = state.events.open.total()
+        yield GaugeMetricFamily(
+            "trainq_sse_followers", "Event streams open in this API process.", value=followers
+        )
+        yield CounterMetricFamily(
+            "trainq_sse_lagging",
+            "Followers this API process let go as lagging (their connection left more than "
+            "sse_max_lag live entries untaken).",
+            value=state.events.lagging,
+        )
         jobs = GaugeMetricFamily("trainq_jobs", "Jobs by status.", labels=["status"])
         with state.db.reader() as s:
             counts = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())

@@ -62,6 +62,25 @@ class Settings(BaseSettings):
         description="The API's enqueue of new jobs waits for Redis at most this long (twice, "
         "with one retry); it runs inside the jobs' open database transaction.",
     )
+    sse_max_per_key: int = Field(
+        20,
+        ge=1,
+        description="Event streams (GET /jobs/{id}/events) one key may hold open at once in "
+        "one API process; more answer 429 with Retry-After.",
+    )
+    sse_max_per_process: int = Field(
+        1000,
+        ge=1,
+        description="Event streams one API process holds open at once, all keys together; "
+        "more answer 429 with Retry-After.",
+    )
+    sse_max_lag: int = Field(
+        10_000,
+        ge=10,
+        description="Live entries a follower's connection may leave untaken (a client that "
+        "reads slower than its job trains, or not at all); past it the follower gets a "
+        "`lagging` event and is dropped, and resumes with Last-Event-ID.",
+    )
     commit_wait_s: float = Field(
         5.0,
         gt=0,

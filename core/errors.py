@@ -150,3 +150,18 @@ class QuotaExceeded(TrainqError):
         self.usage = usage
         self.owner = owner
         self.retry_after_s = retry_after_s
+
+
+class TooManyFollowers(TrainqError):
+    """An event stream past a limit on those open at once (`limit`: the setting, per key or
+    per API process)."""
+
+    code = "too_many_followers"
+
+    def __init__(self, limit: str, allowed: int) -> None:
+        super().__init__(
+            f"{allowed} event streams are open already, the most {limit} allows: close one, "
+            "or retry later"
+        )
+        self.limit = limit
+        self.allowed = allowed

@@ -15,7 +15,8 @@ without one.
 Writing an entry twice is harmless (a batch whose reply was lost, sent again): entries not
 above the stream's last id are skipped. Nothing is written after the end, and the end is
 keyed at or above the stream's last step, so it is always accepted. Every key of a job
-expires: a week after its last write, a day after it ended."""
+expires: a week after its last write, an hour after it ended (set in the script that
+writes the end). A follower of a job ended longer ago reads it all from the database."""
 
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ if TYPE_CHECKING:
 STEP, EPOCH, START, END = 0, 1, 2, 3
 KIND = {STEP: "step", EPOCH: "epoch", START: "status", END: "status"}
 LIVE_TTL_S = 7 * 24 * 3600  # rolling: from the last write
-FINISHED_TTL_S = 24 * 3600
+# An ended job's stream serves only followers that reconnect; the database holds every
+# step, and every ended job's stream would be held this long (Redis's memory, README).
+FINISHED_TTL_S = 3600
 WRITE_BATCH = 1000  # entries per script call: a long backlog must not block Redis for long
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 1.0, 15.0
 

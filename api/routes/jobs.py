@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from redis import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
@@ -22,7 +22,7 @@ from api.access import visible_dataset, visible_job, visible_status
 from api.auth import Caller
 from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, read
 from api.errors import RETRY_AFTER_S
-from api.events import event_stream
+from api.events import EventStreamResponse, follow_events
 from api.formats import MEDIA_TYPES, filename, not_offered, offered_formats
 from api.schemas import (
     METRIC_FIELDS,
@@ -282,9 +282,20 @@ def get_epochs(job_id: JobId, session: ReaderDep, caller: CallerDep) -> list[Epo
 
 @router.get(
     "/{job_id}/events",
-    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    response_class=EventStreamResponse,
+    responses={
+        **ERRORS,
+        200: {"content": {"text/event-stream": {}}},
+        429: {
+            "model": Problem,
+            "description": "Too many event streams open at once, for this key or this API "
+            "process: `limit` names the setting, `allowed` its value; see Retry-After.",
+        },
+    },
     summary="Server-Sent Events: steps, epoch ends, status changes",
-    description="Resumable with `Last-Event-ID`; the stream ends when the job ends.",
+    description="Resumable with `Last-Event-ID`; the stream ends when the job ends. A "
+    "follower that reads slower than the job trains gets a `lagging` event, keyed with the "
+    "last entry it was sent, and the stream closes: reconnect with that Last-Event-ID.",
 )
 async def get_events(
     job_id: JobId,
@@ -292,14 +303,11 @@ async def get_events(
     ar: AsyncRedisDep,
     caller: CallerDep,
     last_event_id: Annotated[str | None, Header(max_length=64)] = None,
-) -> StreamingResponse:
+) -> EventStreamResponse:
     db = request.app.state.db
     await read(db, visible_status, caller, str(job_id))
-    return StreamingResponse(
-        event_stream(request.app.state.events, db, ar, str(job_id), last_event_id),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    hub = request.app.state.events
+    return follow_events(hub, db, ar, caller.owner, str(job_id), last_event_id)
 
 
 @router.post(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 import uuid
 
 import httpx
 import pytest
 
+from core.worker_stats import WORKERS_KEY
 from tests.service import Service
 
 
@@ -231,7 +233,7 @@ def test_health_names_workers_only_to_admins(service: Service) -> None:
 
 def test_junk_worker_stats_in_redis_cost_their_series_not_the_scrape(service: Service) -> None:
     r = service.redis.client()
-    r.sadd("trainq:worker-stats", "junk-worker")
+    r.zadd(WORKERS_KEY, {"junk-worker": time.time()})
     r.hset("trainq:worker-stats:junk-worker", mapping={"images_per_second": "abc"})
     try:
         got = httpx.get(f"{service.url}/metrics", headers=auth(service.admin_key))
@@ -239,5 +241,5 @@ def test_junk_worker_stats_in_redis_cost_their_series_not_the_scrape(service: Se
         assert 'worker="junk-worker"' not in got.text
     finally:
         r.delete("trainq:worker-stats:junk-worker")
-        r.srem("trainq:worker-stats", "junk-worker")
+        r.zrem(WORKERS_KEY, "junk-worker")
         r.close()
