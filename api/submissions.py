@@ -44,9 +44,11 @@ from sqlalchemy.orm import Session
 
 from core.config import Settings
 from core.db import Database, Job
+from core.errors import DatasetGone
 from core.queue import enqueue_jobs
-from core.spec import JobSpec
+from core.spec import JobSpec, user_dataset_id
 from core.store import find_by_idempotency_key, insert_jobs, new_job
+from core.store.deletion import lock_datasets
 
 MAX_BATCH = 256
 COMMIT_CHECKS, COMMIT_CHECK_PAUSE_S = 5, 0.2  # asking whether a failed commit took effect
@@ -171,7 +173,7 @@ class Submitter:
                 with contextlib.suppress(Exception):  # its connection may be gone
                     s.rollback()
                 return self._after_failed_commit(plan, backend, e)
-        return [(job, how == "new") for how, job in plan]
+        return [_outcome(how, job) for how, job in plan]
 
     def _after_failed_commit(
         self, plan: list[tuple[str, Job]], backend: int | None, e: Exception
@@ -182,7 +184,7 @@ class Submitter:
         committed = _committed(self._db, new, backend)
         if committed:
             log.warning("a commit of %d jobs reported %s, yet it took effect", len(new), e)
-            return [(job, how == "new") for how, job in plan]
+            return [_outcome(how, job) for how, job in plan]
         if committed is None:
             log.warning(
                 "a commit of %d jobs reported %s; whether it took effect is unknown", len(new), e
@@ -196,6 +198,12 @@ class Submitter:
             _withdraw(self._enqueuer, new)
             failure = e
         return [(job, False) if how == "found" else failure for how, job in plan]
+
+
+def _outcome(how: str, job: Job) -> Outcome | BaseException:
+    if how == "gone":
+        return DatasetGone(f"no data set {job.spec['dataset']!r}: it was deleted")
+    return job, how == "new"
 
 
 def _plan(s: Session, batch: list[Submission]) -> list[tuple[str, Job]]:
@@ -222,7 +230,20 @@ def _plan(s: Session, batch: list[Submission]) -> list[tuple[str, Job]]:
         if sub.idempotency_key is not None:
             made[key] = job
         plan.append(("new", job))
-    return plan
+    return _held_datasets(s, plan)
+
+
+def _held_datasets(s: Session, plan: list[tuple[str, Job]]) -> list[tuple[str, Job]]:
+    """The new jobs' uploaded data sets, held against deletion until the commit; a job whose
+    set was deleted since the route looked it up becomes "gone" (DatasetGone), not a row."""
+    named = {job.id: user_dataset_id(job.spec["dataset"]) for how, job in plan if how == "new"}
+    present = lock_datasets(s, dataset_ids=[d for d in named.values() if d is not None])
+
+    def gone(job: Job) -> bool:
+        ds = named.get(job.id)
+        return ds is not None and ds not in present
+
+    return [("gone", job) if gone(job) else (how, job) for how, job in plan]
 
 
 def _backend(s: Session) -> int | None:

@@ -347,6 +347,15 @@ class Database:
         with self._readers() as s:
             yield s
 
+    def snapshot(self) -> Session:
+        """A read-only session whose statements all read one snapshot, for a read spread
+        over many statements (a model downloaded in chunks); the caller closes it. SQLite's
+        read transaction is one already (WAL); PostgreSQL's takes REPEATABLE READ."""
+        s = self._readers()
+        if not self.local:
+            s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        return s
+
     def manual_session(self) -> Session:
         """A session the caller commits itself; closing it rolls back what was not committed."""
         return self._writers()

@@ -41,6 +41,8 @@ from typing import Any
 
 from redis import Redis
 from rq import Queue
+from rq.job import Job as RQJob
+from rq.results import Result
 from rq.serializers import JSONSerializer
 
 TASK = "worker.tasks.train"
@@ -120,3 +122,25 @@ def _payload(spec: dict[str, Any], owner: str | None, via: str | None = None) ->
     if via is not None:
         payload["via"] = via
     return payload
+
+
+def remove_entries(r: Redis, *, queue: str, entry_ids: list[str]) -> None:
+    """Take these entries off the queue, out of RQ's registries, and their hashes and
+    results out of Redis, in one round trip. Never reads an entry (it may be anyone's junk);
+    an id with no entry costs nothing."""
+    q = job_queue(r, queue)
+    registries = [
+        q.started_job_registry,
+        q.finished_job_registry,
+        q.failed_job_registry,
+        q.canceled_job_registry,
+        q.deferred_job_registry,
+        q.scheduled_job_registry,
+    ]
+    with r.pipeline(transaction=False) as pipe:
+        for entry in entry_ids:
+            q.remove(entry, pipeline=pipe)
+            for registry in registries:
+                registry.remove(entry, pipeline=pipe)
+            pipe.delete(RQJob.key_for(entry), Result.get_key(entry))
+        pipe.execute()
