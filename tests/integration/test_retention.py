@@ -296,7 +296,7 @@ def test_delete_dataset_races_submissions_safely(svc: Service, sdb: Database) ->
     svc.stop_workers()  # the jobs stay queued: each one makes the set in use
     outcomes = []
     try:
-        for _ in range(12):
+        for _ in range(20):
             ds = upload(svc)
             post, delete = race(
                 lambda ds=ds: httpx.post(  # type: ignore[misc]
