@@ -24,6 +24,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    text,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
@@ -115,6 +116,13 @@ class Job(Base):
         Index("ix_jobs_created", "created_at", "id"),
         Index("ix_jobs_status", "status"),
         Index("ix_jobs_owner_status", "owner", "status"),
+        # The retention pass's (core.retention.expired): ended, not purged, oldest first.
+        Index(
+            "ix_jobs_unpurged_finished",
+            "finished_at",
+            sqlite_where=text("purged_at IS NULL"),
+            postgresql_where=text("purged_at IS NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)

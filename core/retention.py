@@ -50,25 +50,24 @@ class Footprint:
         return sum(self.bytes.values())
 
 
-def expired(older_than_days: float) -> Select[str]:
-    """Ended jobs not purged yet whose end is older than `older_than_days`, oldest first."""
+def expired(s: Session, older_than_days: float) -> Select[str]:
+    """Ended jobs not purged yet whose end is older than `older_than_days`, oldest first,
+    by the database's clock. Only ix_jobs_unpurged_finished serves it, and the cutoff is
+    read first and compared as a value, so the walk of the index stops there. A job has a
+    finished_at only once it ended (purge_job checks the status again)."""
+    cutoff = s.scalar(select(db_ago(older_than_days * DAY_S)))
     return (
         select(Job.id)
-        .where(
-            Job.status.in_(ENDED),
-            Job.purged_at.is_(None),
-            Job.finished_at < db_ago(older_than_days * DAY_S),
-        )
-        .order_by(Job.finished_at, Job.id)
+        .where(Job.purged_at.is_(None), Job.finished_at < cutoff)
+        .order_by(Job.finished_at)
     )
 
 
 def footprint(s: Session, jobs: Select[str]) -> Footprint:
-    """What the jobs `jobs` selects hold: one aggregate a kind, no blob read (the sizes of
-    artifacts are stored; a checkpoint's length is in its value's header)."""
+    """What the jobs `jobs` selects hold: one aggregate a kind, no blob read."""
     ids = jobs.subquery()
     art_rows, art_bytes = s.execute(
-        select(func.count(), func.coalesce(func.sum(Artifact.size), 0)).where(
+        select(func.count(), func.coalesce(func.sum(func.length(Artifact.data)), 0)).where(
             Artifact.job_id.in_(select(ids.c.id))
         )
     ).one()
@@ -107,7 +106,7 @@ def purge_job(s: Session, *, job_id: str) -> bool:
 def purge_batch(db: Database, *, older_than_days: float, limit: int) -> Footprint:
     """At most `limit` expired jobs purged, each in its own transaction; what they held."""
     with db.reader() as s:
-        ids: Sequence[str] = s.scalars(expired(older_than_days).limit(limit)).all()
+        ids: Sequence[str] = s.scalars(expired(s, older_than_days).limit(limit)).all()
     gone = Footprint()
     for job_id in ids:
         with db.writer() as s:
@@ -165,16 +164,18 @@ def collect(db: Database, *, older_than_days: float, batch: int = 100) -> Footpr
 def plan(db: Database, *, older_than_days: float) -> Footprint:
     """`trainq gc --dry-run`: what `collect` would remove, read without changing anything."""
     with db.reader() as s:
-        return footprint(s, expired(older_than_days))
+        return footprint(s, expired(s, older_than_days))
 
 
 def stored_bytes(s: Session) -> dict[str, int]:
     """Bytes held by kind, for the gauges: artifacts, checkpoints, step rows and uploaded
-    data sets. Cheap: stored sizes, value headers, and the table's size where the database
-    keeps it (PostgreSQL), else its row count times STEP_ROW_BYTES."""
-    artifacts = s.scalar(select(func.coalesce(func.sum(Artifact.size), 0)))
+    data sets. A value's length is read from its header (SQLite) or TOAST pointer
+    (PostgreSQL), never from its bytes: on SQLite, a column stored after a large value
+    (artifacts.size) would cost a walk of all its pages. Step rows: the table's size where
+    the database keeps it (PostgreSQL), else the row count times STEP_ROW_BYTES."""
+    artifacts = s.scalar(select(func.coalesce(func.sum(func.length(Artifact.data)), 0)))
     checkpoints = s.scalar(select(func.coalesce(func.sum(func.length(Checkpoint.data)), 0)))
-    datasets = s.scalar(select(func.coalesce(func.sum(UserDataset.size), 0)))
+    datasets = s.scalar(select(func.coalesce(func.sum(func.length(UserDataset.data)), 0)))
     if s.get_bind().dialect.name == "postgresql":
         steps = s.scalar(text("SELECT pg_total_relation_size('step_metrics')"))
     else:

@@ -118,8 +118,10 @@ def rq_done(r: Redis, entry: str) -> None:
     """Wait until RQ's worker has finished its own records of the entry: it writes them
     after the job's end is in the database."""
     wait_until(
-        lambda: r.hget(f"rq:job:{entry}", "status") in (b"finished", b"failed")
-        and not list(r.scan_iter(match=f"rq:execution:{entry}:*")),
+        lambda: (
+            r.hget(f"rq:job:{entry}", "status") in (b"finished", b"failed")
+            and not list(r.scan_iter(match=f"rq:execution:{entry}:*"))
+        ),
         30,
         "RQ to finish the entry",
         0.1,
