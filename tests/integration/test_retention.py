@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 from redis import Redis
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, text
 
 from client.http import ApiError
 from core.db import (
@@ -491,3 +491,22 @@ def test_a_200_mb_model_downloads_with_flat_memory(svc: Service, sdb: Database) 
     assert growth < 40, f"the API grew {growth} MiB for a 200 MiB download"
     head = httpx.head(f"{svc.url}/jobs/{job_id}/model", headers=auth(svc.admin_key))
     assert head.headers["content-length"] == str(200 * 2**20)
+
+
+def test_the_step_row_estimate_is_what_sqlite_takes(tmp_path: Path) -> None:
+    """The gauge's bytes per step row on SQLite, against the pages 20,000 rows take."""
+    with migrated(f"sqlite:///{tmp_path / 'size.db'}") as db:
+
+        def used() -> int:
+            with db.reader() as s:
+                pages = s.scalar(text("PRAGMA page_count")) - s.scalar(
+                    text("PRAGMA freelist_count")
+                )
+                return int(pages * s.scalar(text("PRAGMA page_size")))
+
+        before = used()
+        with db.writer() as s:
+            for _ in range(20):
+                ended_job(s, days_ago=0, steps=1000, model=1)
+        grown = used() - before
+    assert 0.75 * STEP_ROW_BYTES * 20_000 <= grown <= 1.25 * STEP_ROW_BYTES * 20_000 + 2**20
