@@ -368,6 +368,10 @@ def _announce_cancel(r: Redis, job: Job, outcome: JobStatus) -> None:
             "description": "The job has not succeeded (yet), or offers no model in this "
             "format: the detail says why (not asked for in its spec, or failed its check).",
         },
+        410: {
+            "model": Problem,
+            "description": "The retention policy removed the job's model (`purged_at`).",
+        },
         422: {"description": "Unknown format."},
     },
     summary="Download the model (TorchScript, pt2 or ONNX)",
