@@ -33,6 +33,7 @@ from core.db import (
     UserDataset,
     utcnow,
 )
+from core.queue import job_queue
 from core.retention import STEP_ROW_BYTES, purge_batch
 from core.spec import JobSpec, JobStatus
 from core.store import claim_job, new_job, request_cancel, requeue_job
@@ -114,18 +115,21 @@ def redis_traces(r: Redis, job_id: str) -> list[str]:
     return found
 
 
-def rq_done(r: Redis, entry: str) -> None:
-    """Wait until RQ's worker has finished its own records of the entry: it writes them
-    after the job's end is in the database."""
-    wait_until(
-        lambda: (
+def rq_done(svc: Service, entry: str) -> None:
+    """Wait until RQ's worker has finished its own records of the entry (its status, its
+    execution, its place among those started): it writes them after the job's end is in
+    the database."""
+    r = svc.redis.client()
+    started = job_queue(r, svc.queue).started_job_registry.key
+
+    def done() -> bool:
+        return (
             r.hget(f"rq:job:{entry}", "status") in (b"finished", b"failed")
             and not list(r.scan_iter(match=f"rq:execution:{entry}:*"))
-        ),
-        30,
-        "RQ to finish the entry",
-        0.1,
-    )
+            and not any(entry in m.decode() for m in r.zrange(started, 0, -1))
+        )
+
+    wait_until(done, 30, "RQ to finish the entry", 0.1)
 
 
 def wait_status(c: Any, job_id: str, *statuses: str) -> dict[str, Any]:
@@ -183,7 +187,7 @@ def test_delete_job_refused_while_running_then_removes_everything(
     assert other.status_code == 404, other.text  # another owner's: as if missing
     c.cancel(job["id"])
     wait_status(c, job["id"], "canceled")
-    rq_done(r, job["id"])
+    rq_done(svc, job["id"])
     assert rows_of(sdb, job["id"])["epoch_metrics"] > 0 and redis_traces(r, job["id"])
 
     c.delete(job["id"])
@@ -204,7 +208,7 @@ def test_delete_succeeded_job_removes_its_model(svc: Service, sdb: Database) -> 
     done = trained(c, SHORT)
     before = rows_of(sdb, done["id"])
     assert before["artifacts"] == 1 and before["step_metrics"] == 3
-    rq_done(svc.redis.client(), done["id"])
+    rq_done(svc, done["id"])
     httpx.delete(f"{svc.url}/jobs/{done['id']}", headers=auth(svc.admin_key)).raise_for_status()
     assert set(rows_of(sdb, done["id"]).values()) == {0}
     assert redis_traces(svc.redis.client(), done["id"]) == []
