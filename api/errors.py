@@ -13,9 +13,22 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import OutOfMemoryError, RedisError
 from sqlalchemy.exc import OperationalError
 
-from core.errors import QuotaExceeded, TooManyFollowers
+from core.errors import (
+    DatasetInUse,
+    JobActive,
+    ModelPurged,
+    QuotaExceeded,
+    TooManyFollowers,
+    TrainqError,
+)
 
 log = logging.getLogger("trainq.api")
+# The named errors a route lets through, and what each answers.
+STATUS: dict[type[TrainqError], int] = {
+    JobActive: 409,
+    DatasetInUse: 409,
+    ModelPurged: 410,
+}
 RETRY_AFTER_S = "5"
 # A full Redis frees memory as streams of ended jobs expire, or when an operator acts:
 # seconds are not enough.
@@ -38,6 +51,14 @@ def install(app: FastAPI) -> None:
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         """422 naming each field (`loc`), also when the input held NaN or Infinity."""
         return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, 422)
+
+    async def refused(_: Request, exc: Exception) -> JSONResponse:
+        """trainq's named refusals (core.errors), each with its status code."""
+        assert isinstance(exc, TrainqError)
+        return JSONResponse({"detail": exc.message}, status_code=STATUS[type(exc)])
+
+    for error in STATUS:
+        app.add_exception_handler(error, refused)
 
     @app.exception_handler(RedisError)
     async def redis_away(_: Request, exc: Exception) -> JSONResponse:

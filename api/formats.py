@@ -26,8 +26,8 @@ def filename(job_id: str, fmt: ExportFormat) -> str:
 def offered_formats(job: Job) -> list[ExportFormat]:
     """The formats whose model the job stored, as its run record lists them. A job that
     finished before models had formats stored TorchScript alone."""
-    if job.status != JobStatus.succeeded:
-        return []
+    if job.status != JobStatus.succeeded or job.purged_at is not None:
+        return []  # a purged job's models are gone (core.retention)
     formats = _record_formats(job)
     if formats is None:
         return [ExportFormat.torchscript]

@@ -1,7 +1,7 @@
-"""GET /metrics in Prometheus format: jobs by status, queue depth, workers alive, API
-request latency, the event streams (open, and let go as lagging), and for an admin
-key each worker's training images/s, step time and GPU memory (labelled by the
-worker's name, which carries its host's). With several API processes behind one
+"""GET /metrics in Prometheus format: jobs by status, bytes stored by kind, queue depth,
+workers alive, API request latency, the event streams (open, and let go as lagging), and
+for an admin key each worker's training images/s, step time and GPU memory (labelled by
+the worker's name, which carries its host's). With several API processes behind one
 port, the latencies are those of all of them, whichever answers."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from api.middleware import HTTPMiddleware
 from api.routes.health import registered_workers
 from core.db import Job
 from core.queue import job_queue
+from core.retention import stored_bytes
 from core.spec import JobStatus
 from core.worker_stats import read_worker_stats
 
@@ -55,9 +56,19 @@ class ServiceCollector(Collector):
         jobs = GaugeMetricFamily("trainq_jobs", "Jobs by status.", labels=["status"])
         with state.db.reader() as s:
             counts = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+            held = stored_bytes(s)
         for status in JobStatus:
             jobs.add_metric([status.value], counts.get(status.value, 0))
         yield jobs
+        stored = GaugeMetricFamily(
+            "trainq_stored_bytes",
+            "Bytes the database holds, by kind (step_rows: PostgreSQL's table size, or the "
+            "row count times an estimate per row on SQLite).",
+            labels=["kind"],
+        )
+        for kind, size in held.items():
+            stored.add_metric([kind], size)
+        yield stored
         r = state.redis
         q = job_queue(r, state.settings.queue)
         yield GaugeMetricFamily("trainq_queue_depth", "Jobs waiting in the queue.", value=q.count)

@@ -57,6 +57,11 @@ class JobOut(BaseModel):
     created_at: dt.datetime
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
+    purged_at: dt.datetime | None = Field(
+        None,
+        description="When the retention policy removed its step metrics and model (its "
+        "result and epochs remain); null while they are kept.",
+    )
     attempt: int
     worker: str | None = Field(
         description="The worker that ran it (host-gpu-pid): admin keys only."

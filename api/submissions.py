@@ -49,16 +49,17 @@ from sqlalchemy.orm import Session
 
 from core.config import Settings
 from core.db import Database, Job
-from core.errors import QuotaExceeded
+from core.errors import DatasetGone, QuotaExceeded
 from core.queue import enqueue_jobs
 from core.quotas import JobQuotas
-from core.spec import JobSpec
+from core.spec import JobSpec, user_dataset_id
 from core.store import find_by_idempotency_key, insert_jobs, new_job
+from core.store.deletion import lock_datasets
 
 MAX_BATCH = 256
 COMMIT_CHECKS, COMMIT_CHECK_PAUSE_S = 5, 0.2  # asking whether a failed commit took effect
 Outcome = tuple[Job, bool]  # the job, and whether this submission created it
-How = Literal["new", "found", "again", "refused"]
+How = Literal["new", "found", "again", "refused"]  # refused: over quota, or its set deleted
 log = logging.getLogger("trainq.api")
 
 
@@ -74,7 +75,7 @@ class Planned:
 
     how: How
     job: Job | None = None
-    refusal: QuotaExceeded | None = None
+    refusal: QuotaExceeded | DatasetGone | None = None
 
     def outcome(self, failure: Exception | None) -> Outcome | BaseException:
         """What its client is told; `failure`: the batch's new rows were not committed."""
@@ -267,7 +268,26 @@ def _plan(s: Session, batch: list[Submission], quotas: JobQuotas) -> list[Planne
         if sub.idempotency_key is not None:
             made[key] = job
         plan.append(Planned("new", job))
-    return plan
+    return _held_datasets(s, plan)
+
+
+def _held_datasets(s: Session, plan: list[Planned]) -> list[Planned]:
+    """The new jobs' uploaded data sets, held against deletion until the commit; a job whose
+    set was deleted since the route looked it up is refused (DatasetGone), not a row."""
+    new = [p.job for p in plan if p.how == "new" and p.job is not None]
+    named = {job.id: user_dataset_id(job.spec["dataset"]) for job in new}
+    present = lock_datasets(s, dataset_ids=[d for d in named.values() if d is not None])
+
+    def held(p: Planned) -> Planned:
+        if p.how != "new" or p.job is None:
+            return p
+        ds = named[p.job.id]
+        if ds is None or ds in present:
+            return p
+        gone = DatasetGone(f"no data set {p.job.spec['dataset']!r}: it was deleted")
+        return Planned("refused", refusal=gone)
+
+    return [held(p) for p in plan]
 
 
 def _backend(s: Session) -> int | None:

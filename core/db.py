@@ -24,6 +24,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    text,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
@@ -115,6 +116,13 @@ class Job(Base):
         Index("ix_jobs_created", "created_at", "id"),
         Index("ix_jobs_status", "status"),
         Index("ix_jobs_owner_status", "owner", "status"),
+        # The retention pass's (core.retention.expired): ended, not purged, oldest first.
+        Index(
+            "ix_jobs_unpurged_finished",
+            "finished_at",
+            sqlite_where=text("purged_at IS NULL"),
+            postgresql_where=text("purged_at IS NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -346,6 +354,15 @@ class Database:
         """A read-only session (on SQLite it never waits for a writer); closed at the end."""
         with self._readers() as s:
             yield s
+
+    def snapshot(self) -> Session:
+        """A read-only session whose statements all read one snapshot, for a read spread
+        over many statements (a model downloaded in chunks); the caller closes it. SQLite's
+        read transaction is one already (WAL); PostgreSQL's takes REPEATABLE READ."""
+        s = self._readers()
+        if not self.local:
+            s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        return s
 
     def manual_session(self) -> Session:
         """A session the caller commits itself; closing it rolls back what was not committed."""

@@ -165,3 +165,27 @@ class TooManyFollowers(TrainqError):
         )
         self.limit = limit
         self.allowed = allowed
+
+
+class JobActive(TrainqError):
+    """DELETE of a job that is queued or running: it must be canceled first."""
+
+    code = "job_active"
+
+
+class DatasetInUse(TrainqError):
+    """DELETE of a data set that a queued or running job trains on."""
+
+    code = "dataset_in_use"
+
+
+class DatasetGone(TrainqError):
+    """A job names an uploaded data set that was deleted before its row was written."""
+
+    code = "dataset_not_found"
+
+
+class ModelPurged(TrainqError):
+    """The model of a job whose results the retention policy (or `trainq gc`) removed."""
+
+    code = "purged"

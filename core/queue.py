@@ -41,6 +41,9 @@ from typing import Any
 
 from redis import Redis
 from rq import Queue
+from rq.executions import ExecutionRegistry
+from rq.job import Job as RQJob
+from rq.results import Result
 from rq.serializers import JSONSerializer
 
 TASK = "worker.tasks.train"
@@ -120,3 +123,30 @@ def _payload(spec: dict[str, Any], owner: str | None, via: str | None = None) ->
     if via is not None:
         payload["via"] = via
     return payload
+
+
+def remove_entries(r: Redis, *, queue: str, entry_ids: list[str]) -> None:
+    """Take these entries off the queue, out of RQ's registries, and their hashes and
+    results out of Redis, in one round trip. Never reads an entry (it may be anyone's junk);
+    an id with no entry costs nothing. What a worker still finishing an entry writes after
+    this (its result, for RESULT_TTL_S) expires."""
+    q = job_queue(r, queue)
+    # RQ's started registry is keyed by execution and removes nothing by id; an ended job's
+    # execution is gone from it already.
+    registries = [
+        q.finished_job_registry,
+        q.failed_job_registry,
+        q.canceled_job_registry,
+        q.deferred_job_registry,
+        q.scheduled_job_registry,
+    ]
+    with r.pipeline(transaction=False) as pipe:
+        for entry in entry_ids:
+            q.remove(entry, pipeline=pipe)
+            # Taken by a worker that died before it started it: RQ would put it back.
+            pipe.lrem(q.intermediate_queue_key, 0, entry)
+            for registry in registries:
+                registry.remove(entry, pipeline=pipe)
+            executions = ExecutionRegistry(job_id=entry, connection=r).key
+            pipe.delete(RQJob.key_for(entry), Result.get_key(entry), executions)
+        pipe.execute()

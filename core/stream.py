@@ -126,6 +126,11 @@ def job_keys(job_id: str) -> list[str]:
     return [stream_key(job_id), attempt_key(job_id), cancel_key(job_id)]
 
 
+def forget_job(r: Redis, job_id: str) -> None:
+    """Delete the job's keys (its job was deleted)."""
+    r.delete(*job_keys(job_id))
+
+
 def ask_to_stop(r: Redis, job_id: str) -> None:
     """Tell a running attempt to stop (it polls this between steps)."""
     r.set(cancel_key(job_id), 1, ex=LIVE_TTL_S)

@@ -15,6 +15,7 @@ from core.errors import InvalidSpec, field_problems
 from core.queue import VIA_API
 from core.spec import JobSpec, JobStatus, stored_spec, user_dataset_id
 from core.store import create_job, end_job, get_dataset, get_job
+from core.store.deletion import lock_datasets
 from worker.attempt import Attempt
 from worker.execution import fail
 
@@ -91,7 +92,12 @@ def _may_use(s: Session, dataset: str, owner: str | None) -> bool:
     """Whether `owner` may train on `dataset`; another owner's set is refused exactly like a
     missing one, as the API does."""
     ds_id = user_dataset_id(dataset)
-    if ds_id is None or owner is None:
+    if ds_id is None:
+        return True
+    # Held against deletion until the job's row is committed (core.store.deletion).
+    if not lock_datasets(s, dataset_ids=[ds_id]):
+        return False
+    if owner is None:
         return True
     ds = get_dataset(s, dataset_id=ds_id)
     return ds is not None and ds.owner == owner

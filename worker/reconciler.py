@@ -34,6 +34,7 @@ from core.db import Database, DbTime, Job, as_utc, db_ago
 from core.local.redis_server import connect
 from core.queue import enqueue_job
 from core.queue_entries import entry_is_live, stop_entry
+from core.retention import retention_pass
 from core.spec import JobStatus
 from core.store import end_job, lost_jobs, requeue_job, set_queue_entry, stale_queued_jobs
 from core.stream import publish_status
@@ -208,6 +209,7 @@ class Reconciler:
             report = reconcile_once(self.db, r, self.settings)
             if report.requeued or report.failed or report.reenqueued:
                 log.warning("reconciled: %s", report)
+            retention_pass(self.db, self.settings)
         except (RedisError, SQLAlchemyError, OSError) as e:
             log.warning("reconcile pass skipped: %s", e)
         except Exception:  # never the launcher's end: its workers would be orphaned

@@ -1,4 +1,4 @@
-"""/datasets: upload a data set of one's own, list them, inspect one.
+"""/datasets: upload a data set of one's own, list them, inspect one, delete one.
 
 An upload is an .npz, a zip of one folder of images per class, or a zip of the four MNIST
 IDX files (core.datasets checks it and makes the canonical .npz that training reads). The
@@ -21,10 +21,11 @@ from api.errors import RETRY_AFTER_S
 from api.schemas import DatasetOut, Problem, QuotaProblem
 from core.datasets import MAX_UPLOAD_BYTES, ParsedDataset
 from core.db import UserDataset, as_utc
-from core.errors import DatasetTooLarge, InvalidDataset, QuotaExceeded
+from core.errors import DatasetInUse, DatasetTooLarge, InvalidDataset, QuotaExceeded
 from core.quotas import check_dataset_room, lock_owner
 from core.spec import USER_DATASET_PREFIX
 from core.store import create_dataset, list_datasets
+from core.store.deletion import delete_unused_dataset
 from core.uploads import parse_upload
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
@@ -154,3 +155,29 @@ def get_one_dataset(dataset_id: DatasetId, session: ReaderDep, caller: CallerDep
     if ds is None:
         raise HTTPException(404, detail=f"no data set {dataset_id}")
     return dataset_out(ds)
+
+
+@router.delete(
+    "/{dataset_id}",
+    status_code=204,
+    responses={
+        **ERRORS,
+        409: {"model": Problem, "description": "A queued or running job trains on it."},
+    },
+    summary="Delete a data set",
+    description="Refused with 409 while a queued or running job trains on it (the detail "
+    "names them); a job submitted at the same moment either is seen and refuses the "
+    "deletion, or finds the set gone (422).",
+)
+def delete_one_dataset(dataset_id: DatasetId, session: SessionDep, caller: CallerDep) -> Response:
+    if visible_dataset(session, caller, str(dataset_id)) is None:
+        raise HTTPException(404, detail=f"no data set {dataset_id}")
+    users = delete_unused_dataset(session, dataset_id=str(dataset_id))
+    if users:
+        session.rollback()
+        raise DatasetInUse(
+            f"data set {dataset_id} is used by queued or running jobs ({', '.join(users)}): "
+            "cancel them or wait for them to end, then delete it"
+        )
+    session.commit()
+    return Response(status_code=204)

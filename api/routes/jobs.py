@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import hashlib
 import json
 import logging
 import uuid
@@ -36,6 +35,8 @@ from api.schemas import (
 )
 from api.submissions import OutcomeUnknown, Submitter
 from core.db import Job, as_utc
+from core.deletion import delete_job
+from core.errors import DatasetGone, ModelPurged
 from core.spec import ExportFormat, JobSpec, JobStatus, model_too_large, user_dataset_id
 from core.store import (
     epoch_metrics,
@@ -45,6 +46,7 @@ from core.store import (
     spec_hash,
     step_rows,
 )
+from core.store.model_blob import ModelBlob
 from core.stream import MAX_STEP, STEP, EntryId, aread, ask_to_stop, latest_step, publish_status
 
 log = logging.getLogger("trainq.api")
@@ -70,6 +72,7 @@ def job_out(job: Job, caller: Caller, r: Redis | None = None) -> JobOut:
             "created_at": as_utc(job.created_at),
             "started_at": as_utc(job.started_at),
             "finished_at": as_utc(job.finished_at),
+            "purged_at": as_utc(job.purged_at),
             "attempt": job.attempt,
             # A worker's name carries its host's: a thing for admins, not for every key.
             "worker": job.worker if caller.admin else None,
@@ -132,6 +135,8 @@ async def submit_job(
         )
     except OutcomeUnknown as e:
         raise HTTPException(503, detail=str(e), headers={"Retry-After": RETRY_AFTER_S}) from e
+    except DatasetGone as e:  # deleted between the look-up above and the row's insert
+        raise HTTPException(422, detail=[_no_dataset(spec)]) from e
     if not created:
         # In the thread pool for its blocking Redis read (the live step); no database read.
         return await run_in_threadpool(_replay, job, spec, caller, request.app.state.redis)
@@ -147,20 +152,23 @@ def _check_dataset(session: Session, caller: Caller, spec: JobSpec) -> None:
         return
     ds = visible_dataset(session, caller, ds_id)
     if ds is None:
-        problem = {
-            "loc": ["body", "dataset"],
-            "msg": f"no data set {ds_id}: upload one with POST /datasets, or list yours "
-            "with GET /datasets",
-            "type": "dataset_not_found",
-            "input": spec.dataset,
-        }
-        raise HTTPException(422, detail=[problem])
+        raise HTTPException(422, detail=[_no_dataset(spec)])
     c, h, w = ds.image_shape
     too_large = model_too_large(spec, (c, h, w), ds.num_classes)
     if too_large:
         raise HTTPException(
             422, detail=[{"loc": ["body"], "msg": too_large, "type": "model_too_large"}]
         )
+
+
+def _no_dataset(spec: JobSpec) -> dict[str, Any]:
+    return {
+        "loc": ["body", "dataset"],
+        "msg": f"no data set {user_dataset_id(spec.dataset)}: upload one with POST /datasets, "
+        "or list yours with GET /datasets",
+        "type": "dataset_not_found",
+        "input": spec.dataset,
+    }
 
 
 def _replay(existing: Job, spec: JobSpec, caller: Caller, r: Redis) -> JSONResponse:
@@ -336,6 +344,26 @@ def cancel(job_id: JobId, session: SessionDep, r: RedisDep, caller: CallerDep) -
     return job_out(job, caller)
 
 
+@router.delete(
+    "/{job_id}",
+    status_code=204,
+    responses={
+        **ERRORS,
+        409: {"model": Problem, "description": "Queued or running: cancel it first."},
+    },
+    summary="Delete an ended job",
+    description="Its model, checkpoint, step and epoch metrics, live stream and record all "
+    "go; the job answers 404 from then on. A queued or running job is refused with 409: "
+    "cancel it first.",
+)
+def delete_one(job_id: JobId, request: Request, session: ReaderDep, caller: CallerDep) -> Response:
+    job = visible_job(session, caller, job_id)
+    session.close()  # the deletion's own transaction follows; this read holds nothing
+    state = request.app.state
+    delete_job(state.db, state.redis, queue=state.settings.queue, job=job)
+    return Response(status_code=204)
+
+
 def _announce_cancel(r: Redis, job: Job, outcome: JobStatus) -> None:
     if outcome is JobStatus.running:
         ask_to_stop(r, job.id)
@@ -361,6 +389,10 @@ def _announce_cancel(r: Redis, job: Job, outcome: JobStatus) -> None:
             "description": "The job has not succeeded (yet), or offers no model in this "
             "format: the detail says why (not asked for in its spec, or failed its check).",
         },
+        410: {
+            "model": Problem,
+            "description": "The retention policy removed the job's model (`purged_at`).",
+        },
         422: {"description": "Unknown format."},
     },
     summary="Download the model (TorchScript, pt2 or ONNX)",
@@ -381,6 +413,11 @@ def get_model(
     job = visible_job(session, caller, job_id)
     if job.status != JobStatus.succeeded:
         raise HTTPException(409, detail=f"job {job.id} is {job.status}: no model yet")
+    if job.purged_at is not None:
+        raise ModelPurged(
+            f"job {job.id}'s model was removed on {as_utc(job.purged_at)} by the retention "
+            "policy (TRAINQ_RETENTION_DAYS or trainq gc); its result and epochs remain"
+        )
     art = get_artifact(session, job_id=job.id, format=format)
     if art is None:
         raise HTTPException(409, detail=not_offered(job, format))
@@ -394,9 +431,12 @@ def get_model(
         return Response(status_code=304, headers={"ETag": etag})
     if request.method == "HEAD":
         return Response(headers=headers, media_type=MEDIA_TYPES[format])
-    if hashlib.sha256(art.data).hexdigest() != art.sha256:
-        raise HTTPException(500, detail="stored model failed its sha256 check")
-    return Response(art.data, headers=headers, media_type=MEDIA_TYPES[format])
+    session.close()  # the download reads from a snapshot of its own
+    blob = ModelBlob.open(request.app.state.db, job_id=job.id, format=format)
+    if blob is None:  # deleted or purged since the look-up above
+        raise HTTPException(404, detail=f"no job {job.id}")
+    headers.update({"ETag": f'"{blob.sha256}"', "Content-Length": str(blob.size)})
+    return StreamingResponse(blob.chunks(), headers=headers, media_type=MEDIA_TYPES[format])
 
 
 @router.get(

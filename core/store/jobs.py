@@ -9,11 +9,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Update, bindparam, insert, or_, select, update
+from sqlalchemy import Update, bindparam, delete, insert, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
-from core.db import DbTime, Job, db_now, utcnow
+from core.db import Checkpoint, DbTime, Job, db_now, utcnow
 from core.errors import JobSuperseded
 from core.spec import TERMINAL, JobSpec, JobStatus, Priority
 
@@ -227,7 +227,8 @@ def end_job(
 ) -> bool:
     """Move a job to a terminal status unless it already is in one (or, with `attempt`,
     unless another attempt owns it now; with `silent_since`, unless it beat since then: a
-    lost job seen in a stale read). True if it moved."""
+    lost job seen in a stale read). True if it moved; its checkpoint then goes in the same
+    transaction: a terminal status never reverts, so nothing will resume from it."""
     if status not in TERMINAL:
         raise ValueError(f"{status} is not a terminal status")
     q = update(Job).where(Job.id == job_id, Job.status.in_(list(from_statuses)))
@@ -235,9 +236,12 @@ def end_job(
         q = q.where(Job.attempt == attempt)
     if silent_since is not None:
         q = q.where(Job.heartbeat_at < silent_since)
-    return updated(
+    moved = updated(
         s, q.values(status=status, error_code=code, error_message=message, finished_at=db_now())
     )
+    if moved:
+        s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
+    return moved
 
 
 def lost_jobs(s: Session, *, silent_since: DbTime) -> Sequence[Job]:

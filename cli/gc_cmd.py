@@ -1,0 +1,41 @@
+"""`trainq gc`: the retention policy's purge (core.retention), run to the end or reported."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from core.config import Settings
+from core.db import Database
+from core.retention import KINDS, Footprint, collect, plan
+
+
+def gc_command(args: argparse.Namespace) -> int:
+    settings = Settings()
+    days = args.older_than_days if args.older_than_days is not None else settings.retention_days
+    if days is None or days <= 0:
+        print(
+            "trainq gc: say how old an ended job must be: --older-than-days N (N > 0), or set "
+            "TRAINQ_RETENTION_DAYS",
+            file=sys.stderr,
+        )
+        return 2
+    db = Database.from_settings(settings)
+    try:
+        if args.dry_run:
+            footprint = plan(db, older_than_days=days)
+        else:
+            footprint = collect(db, older_than_days=days, batch=settings.retention_batch)
+    finally:
+        db.dispose()
+    print(report(footprint, days, dry_run=args.dry_run))
+    return 0
+
+
+def report(f: Footprint, days: float, *, dry_run: bool) -> str:
+    verb = "would purge" if dry_run else "purged"
+    lines = [f"{verb} {f.jobs} jobs that ended more than {days:g} days ago"]
+    for kind in KINDS:
+        lines.append(f"  {kind:<12} {f.rows[kind]:>10} rows {f.bytes[kind]:>15} bytes")
+    lines.append(f"  {'total':<12} {'':>10}      {f.total_bytes:>15} bytes")
+    return "\n".join(lines)

@@ -1,0 +1,53 @@
+"""DELETE of a job: everything trainq keeps of it, in the database and in Redis.
+
+The order is what makes a crash harmless. First the job's queue entries leave Redis: a
+queue entry whose job has no row is admitted by a worker as a job sent straight to the
+queue, so none may outlive the row (for an ended job they would run nothing anyway). Then
+the database, in one transaction: the row and all its results, or nothing, so no row ever
+claims a model or steps it no longer has. Last the job's stream keys, which expire a day
+after the job's end anyway (core.stream.FINISHED_TTL_S) should a crash or a Redis outage
+leave them."""
+
+from __future__ import annotations
+
+import logging
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from core.db import Database, Job
+from core.errors import JobActive
+from core.queue import remove_entries
+from core.spec import JobStatus
+from core.store.deletion import delete_ended_job
+from core.stream import forget_job
+
+log = logging.getLogger("trainq.deletion")
+
+
+def entry_ids(job: Job) -> list[str]:
+    """Every queue entry trainq may have made for the job: its own id, the one its row
+    names, and those of its attempts' requeues (worker.reconciler: -a<n>; a stopping
+    worker's hand-back: -p<n>; a retry: -r<n>). A re-enqueue of a waiting job (-q<random>)
+    is known by the row alone, and only the latest could still be queued."""
+    ids = [job.id, *([job.queue_entry] if job.queue_entry else [])]
+    for n in range(1, job.attempt + 2):
+        ids += [f"{job.id}-a{n}", f"{job.id}-p{n}", f"{job.id}-r{n}"]
+    return list(dict.fromkeys(ids))
+
+
+def delete_job(db: Database, r: Redis, *, queue: str, job: Job) -> None:
+    """Delete the ended `job` (its row as read) and everything of it; JobActive while it is
+    queued or running. RedisError before the database is touched: nothing is deleted."""
+    if not JobStatus(job.status).terminal:
+        raise JobActive(
+            f"job {job.id} is {job.status}: cancel it first (POST /jobs/{job.id}/cancel)"
+        )
+    remove_entries(r, queue=queue, entry_ids=entry_ids(job))
+    with db.writer() as s:
+        if not delete_ended_job(s, job_id=job.id):
+            return  # deleted meanwhile by another request (an ended job stays ended)
+    try:
+        forget_job(r, job.id)
+    except RedisError as e:
+        log.warning("job %s deleted; its stream was not (%s): it expires within a day", job.id, e)
