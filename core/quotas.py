@@ -98,6 +98,7 @@ def set_overrides(s: Session, owner: str, limits: Limits) -> None:
     if not values:  # nothing overridden: no row, as after clear_overrides
         clear_overrides(s, owner)
         return
+    lock_owner(s, owner)  # two PUTs for a new owner at once: the second waits, then updates
     row = s.get(Quota, owner)
     if row is None:
         s.add(Quota(owner=owner, limits=values))

@@ -189,6 +189,22 @@ def test_an_owner_id_too_long_is_422(svc: Service) -> None:
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["path", "owner"]
 
 
+def test_concurrent_overrides_of_a_new_owner_all_take(svc: Service) -> None:
+    """Eight PUTs at once for an owner with no override yet: each is answered 200 (none meets
+    another's insert as a 500), and one of the eight values is in force after."""
+    owner = "k_" + uuid.uuid4().hex[:16]
+    url = f"{svc.url}/quotas/{owner}"
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(
+                lambda n: httpx.put(url, json={"max_queued": n}, headers=auth(ADMIN)), range(8)
+            )
+        )
+    assert [r.status_code for r in answers] == [200] * 8, [r.text[:200] for r in answers]
+    final = httpx.get(f"{svc.url}/quotas", headers=auth(ADMIN)).json()
+    assert any(owner in str(item) and "max_queued" in str(item) for item in [final])
+
+
 def test_concurrent_submissions_stop_exactly_at_the_limit(
     svc: Service, keys: tuple[str, str]
 ) -> None:
