@@ -44,7 +44,7 @@ from core.config import Settings
 from core.db import Database, Job
 from core.queue import MAX_OWNER_CHARS, MAX_PAYLOAD_BYTES
 from core.queue_entries import UnreadableEntry, inflate, is_uuid, read_entry
-from core.quotas import limits_for
+from core.quotas import in_force, overrides
 from core.spec import JobStatus, Priority
 
 Owner = str | None
@@ -53,6 +53,10 @@ LOCK_WAIT_S = 0.02
 TURNS_TTL_MS = 24 * 3600 * 1000  # owners' last turns: forgotten after a day without a take
 ADMINS = ""  # the admins' field in the turns hash: no owner id is empty (core.queue)
 ROWS_PER_QUERY = 500  # ids in one IN (...): within SQLite's bound on parameters
+# Direct entries' payloads, read once each: an entry's hash does not change while it waits,
+# and a queue of thousands of direct entries would otherwise cost a script call for each,
+# at every choice, under the lock.
+PAYLOAD_CACHE = 100_000
 
 # The take: the entry leaves the queue and joins RQ's intermediate list in one step (as
 # RQ's own BLMOVE does), or nothing happens when it is no longer on the queue.
@@ -212,6 +216,7 @@ class FairShare:
         self.turns_key = f"{queue.key}:fair-share-turns"
         self.take_script = r.register_script(_TAKE)
         self.unlock_script = r.register_script(_UNLOCK)
+        self._payloads: dict[str, Payload | None] = {}
 
     def take(self) -> bytes | None:
         """The entry this worker took (now in RQ's intermediate list), or None when nothing
@@ -243,10 +248,33 @@ class FairShare:
             first, waiting = self._waiting(listed, ids, rows)
             self._count_taken(running, taken, ids, rows)
             owners = {w.owner for w in waiting}
-            limits = {o: limits_for(s, self.settings, o).max_running for o in owners}
+            limits = self._max_running(s, owners)
+        self._forget_payloads(listed, taken)
         shares = Shares({o: frozenset(j) for o, j in running.items()}, limits, self._turns(owners))
         ordered = [(w.entry.encode(), w.owner) for w in fair_order(waiting, shares)]
         return [*((e, False) for e in first), *ordered]
+
+    def _max_running(self, s: Session, owners: set[Owner]) -> dict[Owner, int | None]:
+        """Each owner's max_running from one read of the overrides, not a query an owner."""
+        found = overrides(s)
+        return {
+            o: None if o is None else in_force(self.settings, found.get(o)).max_running
+            for o in owners
+        }
+
+    def _payload(self, entry: str) -> Payload | None:
+        if entry not in self._payloads:
+            self._payloads[entry] = read_payload(self.r, entry)
+        return self._payloads[entry]
+
+    def _forget_payloads(self, listed: Sequence[bytes], taken: Sequence[bytes]) -> None:
+        """Keep only the payloads of entries still waiting or taken, and never too many."""
+        if len(self._payloads) <= PAYLOAD_CACHE // 2:
+            return
+        live = {e.decode(errors="replace") for e in [*listed, *taken]}
+        self._payloads = {e: p for e, p in self._payloads.items() if e in live}
+        if len(self._payloads) > PAYLOAD_CACHE:
+            self._payloads.clear()
 
     def _turns(self, owners: set[Owner]) -> dict[Owner, int]:
         listed = sorted(owners, key=lambda o: o or "")
@@ -271,7 +299,7 @@ class FairShare:
             entry = raw.decode()
             row = rows.get(job_id)
             if row is None:
-                payload = read_payload(self.r, entry)
+                payload = self._payload(entry)
                 if payload is None:
                     first.append(raw)
                 else:
@@ -300,7 +328,7 @@ class FairShare:
                 if _waits_under(row, raw.decode()):
                     running[row.owner].add(job_id)
                 continue
-            payload = read_payload(self.r, raw.decode())
+            payload = self._payload(raw.decode())
             if payload is not None:
                 running[payload.owner].add(job_id)
 
