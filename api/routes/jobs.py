@@ -291,6 +291,7 @@ def get_epochs(job_id: JobId, session: ReaderDep, caller: CallerDep) -> list[Epo
 @router.get(
     "/{job_id}/events",
     response_class=EventStreamResponse,
+    status_code=200,  # the class takes no status_code, so OpenAPI cannot read it from there
     responses={
         **ERRORS,
         200: {"content": {"text/event-stream": {}}},
