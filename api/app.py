@@ -10,6 +10,7 @@ from fastapi import Depends, FastAPI
 
 from api import errors, observability
 from api.auth import KeyRing, RequireKey
+from api.downloads import DownloadSlots
 from api.events import IDLE_BLOCK_MS, EventHub
 from api.routes import datasets, docs, health, jobs, predict, quotas, web
 from api.submissions import Submitter
@@ -34,6 +35,7 @@ def lifespan(settings: Settings, redis_url: str) -> Lifespan:
         app.state.aredis = connect_async(redis_url, longest_block_s=IDLE_BLOCK_MS / 1000)
         app.state.submitter = Submitter(app.state.db, redis_url, settings)
         app.state.events = EventHub(app.state.db, app.state.aredis, settings)
+        app.state.downloads = DownloadSlots(settings)
         # Everything made so far lives as long as the process: out of the collector's sight,
         # full collections no longer walk it (each walk stalled every request in flight).
         gc.freeze()

@@ -74,6 +74,18 @@ class Settings(BaseSettings):
         description="Event streams one API process holds open at once, all keys together; "
         "more answer 429 with Retry-After.",
     )
+    download_max_per_key: int = Field(
+        4,
+        ge=1,
+        description="Model downloads one key may hold open at once in one API process (each "
+        "holds a database connection while its client reads); more answer 429.",
+    )
+    download_max_per_process: int = Field(
+        8,
+        ge=1,
+        description="Model downloads one API process holds open at once, all keys together: "
+        "below the database connection pool, which every other request needs; more answer 429.",
+    )
     sse_max_lag: int = Field(
         10_000,
         ge=10,

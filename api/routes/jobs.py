@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from redis import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from api.access import visible_dataset, visible_job, visible_status
 from api.auth import Caller
 from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, read
+from api.downloads import DownloadResponse, DownloadSlots
 from api.errors import RETRY_AFTER_S
 from api.events import EventStreamResponse, follow_events
 from api.formats import MEDIA_TYPES, filename, not_offered, offered_formats
@@ -395,6 +396,11 @@ def _announce_cancel(r: Redis, job: Job, outcome: JobStatus) -> None:
             "description": "The retention policy removed the job's model (`purged_at`).",
         },
         422: {"description": "Unknown format."},
+        429: {
+            "model": QuotaProblem,
+            "description": "Too many downloads open at once, for this key or this API process "
+            "(download_max_per_key, download_max_per_process), with Retry-After.",
+        },
     },
     summary="Download the model (TorchScript, pt2 or ONNX)",
     description="Each format is its own file with its own sha256 ETag; the job's "
@@ -433,11 +439,18 @@ def get_model(
     if request.method == "HEAD":
         return Response(headers=headers, media_type=MEDIA_TYPES[format])
     session.close()  # the download reads from a snapshot of its own
-    blob = ModelBlob.open(request.app.state.db, job_id=job.id, format=format)
+    slots: DownloadSlots = request.app.state.downloads
+    slots.take(caller.owner)  # 429 past the downloads a key or this process may hold open
+    try:
+        blob = ModelBlob.open(request.app.state.db, job_id=job.id, format=format)
+    except BaseException:
+        slots.release(caller.owner)
+        raise
     if blob is None:  # deleted or purged since the look-up above
+        slots.release(caller.owner)
         raise HTTPException(404, detail=f"no job {job.id}")
     headers.update({"ETag": f'"{blob.sha256}"', "Content-Length": str(blob.size)})
-    return StreamingResponse(blob.chunks(), headers=headers, media_type=MEDIA_TYPES[format])
+    return DownloadResponse(slots, caller.owner, blob, headers, MEDIA_TYPES[format])
 
 
 @router.get(
