@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import OutOfMemoryError, RedisError
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from core.errors import (
     DatasetInUse,
@@ -79,6 +80,10 @@ def install(app: FastAPI) -> None:
         """429 naming the limit: the client may follow again once one of its streams ends."""
         body = {"detail": exc.message, "limit": exc.limit, "allowed": exc.allowed}
         return JSONResponse(body, status_code=429, headers={"Retry-After": RETRY_AFTER_S})
+
+    @app.exception_handler(PoolTimeout)
+    async def pool_exhausted(_: Request, exc: Exception) -> JSONResponse:
+        return _unavailable("every database connection of this API process is in use", exc)
 
     @app.exception_handler(OperationalError)
     async def database_busy(_: Request, exc: Exception) -> JSONResponse:

@@ -45,10 +45,12 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
-    max_queued: int | None = Field(None, ge=0)
-    max_running: int | None = Field(None, ge=1)
-    max_dataset_bytes: int | None = Field(None, ge=0)
-    max_train_hours_per_day: float | None = Field(None, gt=0)
+    # Strict: true is no count, and a limit past any real use (bounded to fit a BIGINT and
+    # JSON's exact integers) is a typo, not a policy.
+    max_queued: int | None = Field(None, ge=0, le=10**9, strict=True)
+    max_running: int | None = Field(None, ge=1, le=10**6, strict=True)
+    max_dataset_bytes: int | None = Field(None, ge=0, le=2**53, strict=True)
+    max_train_hours_per_day: float | None = Field(None, gt=0, le=10**6)
 
 
 UNLIMITED = Limits()

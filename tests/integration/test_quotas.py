@@ -176,7 +176,16 @@ def test_only_an_admin_sets_or_reads_quotas(svc: Service, keys: tuple[str, str])
 
 @pytest.mark.parametrize(
     "body",
-    [{"max_queued": -1}, {"max_running": 0}, {"max_train_hours_per_day": 0}, {"queued": 3}],
+    [
+        {"max_queued": -1},
+        {"max_running": 0},
+        {"max_train_hours_per_day": 0},
+        {"queued": 3},
+        {"max_queued": True},
+        {"max_queued": 10**28},
+        {"max_running": "2"},
+        {"max_dataset_bytes": 1.5},
+    ],
 )
 def test_an_invalid_limit_is_422(svc: Service, body: dict[str, Any]) -> None:
     r = httpx.put(f"{svc.url}/quotas/k_0000000000000001", json=body, headers=auth(ADMIN))
