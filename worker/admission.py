@@ -40,6 +40,15 @@ def admit(a: Attempt) -> JobSpec | dict[str, Any]:
             a.job_id,
         )
         return {"status": "refused", "error": "the submission of this job failed"}
+    if a.queue_entry != a.job_id and not _has_row(a.db, a.job_id):
+        # Only a requeue travels under an entry of its own, and only a job with a row is
+        # requeued: its row is gone, so the job was deleted after this entry was made.
+        log.warning(
+            "refusing queue entry %s: job %s has no row (it was deleted); nothing runs",
+            a.queue_entry,
+            a.job_id,
+        )
+        return {"status": "refused", "error": "the job of this entry was deleted"}
     spec, refused = _spec_of(a)
     if spec is None or refused is not None:
         return fail(a, 0, refused or InvalidSpec("spec", "invalid"))
@@ -110,6 +119,11 @@ def _validate(raw: Any, *, stored: bool = False) -> tuple[JobSpec | None, str | 
         return (stored_spec(raw) if stored else JobSpec.model_validate(raw)), None
     except ValidationError as e:
         return None, "; ".join(field_problems(e))
+
+
+def _has_row(db: Database, job_id: str) -> bool:
+    with db.reader() as s:
+        return get_job(s, job_id=job_id) is not None
 
 
 def _await_commit(db: Database, job_id: str, bound_s: float) -> bool:

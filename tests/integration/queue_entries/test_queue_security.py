@@ -17,6 +17,7 @@ from rq.serializers import JSONSerializer
 from rq.webhook import Webhook
 
 from api.auth import owner_id
+from client.http import ApiError
 from core.datasets import canonical
 from core.db import Database
 from core.queue import RESULT_TTL_S
@@ -211,6 +212,23 @@ def test_an_entry_made_up_for_a_queued_job_claims_nothing(svc: Service, r: Redis
     assert run_to_its_end(r, entry).return_value() == {"status": "skipped"}
     job = svc.client(svc.admin_key).job(victim)
     assert job["status"] == "queued" and job["attempt"] == 0
+
+
+def test_a_requeue_entry_of_a_deleted_job_runs_nothing(svc: Service, r: Redis) -> None:
+    """A requeue's entry (`<job>-a1`, naming its job) whose row was deleted while it
+    waited: refused, and no job is made again from it."""
+    ghost = str(uuid.uuid4())
+    entry = f"{ghost}-a1"
+    rq_queue(svc, r).enqueue_call(
+        TASK, kwargs={"spec": SPEC, "owner": owner_id(svc.keys[0]), "job_id": ghost}, job_id=entry
+    )
+    assert run_to_its_end(r, entry).return_value() == {
+        "status": "refused",
+        "error": "the job of this entry was deleted",
+    }
+    with pytest.raises(ApiError) as e:
+        svc.client(svc.admin_key).job(ghost)
+    assert e.value.status == 404
 
 
 def test_a_job_with_a_row_trains_the_rows_spec_not_its_entrys(svc: Service, r: Redis) -> None:
