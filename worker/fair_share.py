@@ -44,7 +44,7 @@ from core.config import Settings
 from core.db import Database, Job
 from core.queue import MAX_OWNER_CHARS, MAX_PAYLOAD_BYTES
 from core.queue_entries import UnreadableEntry, inflate, is_uuid, read_entry
-from core.quotas import in_force, overrides
+from core.quotas import in_force, overrides, spans_by_owner, trained_s
 from core.spec import JobStatus, Priority
 
 Owner = str | None
@@ -91,16 +91,21 @@ class Waiting:
 @dataclass(frozen=True)
 class Shares:
     """What each owner runs now (job ids), may run at once (None: no limit), and when a
-    worker last took one of its jobs (a number that grows with each take; 0: never)."""
+    worker last took one of its jobs (a number that grows with each take; 0: never); and the
+    owners whose training hours of the trailing day are used up (none of theirs starts until
+    some age out)."""
 
     running: Mapping[Owner, frozenset[str]]
     max_running: Mapping[Owner, int | None]
     last_turn: Mapping[Owner, int]
+    out_of_hours: frozenset[Owner] = frozenset()  # at max_train_hours_per_day
 
     def count(self, owner: Owner) -> int:
         return len(self.running.get(owner, ()))
 
     def at_limit(self, owner: Owner) -> bool:
+        if owner in self.out_of_hours:
+            return True
         limit = self.max_running.get(owner)
         return limit is not None and self.count(owner) >= limit
 
@@ -248,19 +253,31 @@ class FairShare:
             first, waiting = self._waiting(listed, ids, rows)
             self._count_taken(running, taken, ids, rows)
             owners = {w.owner for w in waiting}
-            limits = self._max_running(s, owners)
+            limits, out_of_hours = self._limits(s, owners)
         self._forget_payloads(listed, taken)
-        shares = Shares({o: frozenset(j) for o, j in running.items()}, limits, self._turns(owners))
+        shares = Shares(
+            {o: frozenset(j) for o, j in running.items()},
+            limits,
+            self._turns(owners),
+            out_of_hours,
+        )
         ordered = [(w.entry.encode(), w.owner) for w in fair_order(waiting, shares)]
         return [*((e, False) for e in first), *ordered]
 
-    def _max_running(self, s: Session, owners: set[Owner]) -> dict[Owner, int | None]:
-        """Each owner's max_running from one read of the overrides, not a query an owner."""
+    def _limits(
+        self, s: Session, owners: set[Owner]
+    ) -> tuple[dict[Owner, int | None], frozenset[Owner]]:
+        """Each owner's max_running, and the owners past max_train_hours_per_day: from one
+        read of the overrides (not a query an owner), and the trailing day's runs of only
+        the owners with an hours limit. Admins (None) have no limits."""
         found = overrides(s)
-        return {
-            o: None if o is None else in_force(self.settings, found.get(o)).max_running
-            for o in owners
-        }
+        limits = {o: in_force(self.settings, found.get(o)) for o in owners if o is not None}
+        hours = {o: lim.max_train_hours_per_day for o, lim in limits.items()}
+        capped = sorted(o for o, h in hours.items() if h is not None)
+        spans = spans_by_owner(s, capped) if capped else {}
+        out = {o for o in capped if trained_s(spans.get(o, [])) >= (hours[o] or 0) * 3600}
+        max_running: dict[Owner, int | None] = {o: lim.max_running for o, lim in limits.items()}
+        return {None: None, **max_running}, frozenset(out)
 
     def _payload(self, entry: str) -> Payload | None:
         if entry not in self._payloads:

@@ -106,6 +106,28 @@ def test_an_owner_at_max_running_waits_while_another_owners_job_runs(limited: Se
     assert at(jobs[3], "started_at") < at(jobs[2], "started_at")  # bob's ran meanwhile
 
 
+@pytest.fixture
+def rationed(tmp_path: Path, data_dir: Path) -> Iterator[Service]:
+    """Every key may train for a second and a half a day."""
+    with fresh_service(tmp_path, data_dir, {"TRAINQ_QUOTA_MAX_TRAIN_HOURS_PER_DAY": "0.0004"}) as s:
+        yield s
+
+
+def test_an_owner_past_its_training_hours_waits_and_others_run(rationed: Service) -> None:
+    """Alice's three jobs were all admitted while her day was unused; once the first has
+    used it up, a free worker starts Bob's job, queued after hers, and none of her two
+    others (they wait for the hours to age out; they are not failed)."""
+    alice, bob = rationed.client(rationed.keys[0]), rationed.client(rationed.keys[1])
+    a = [alice.submit({**SPEC, "max_steps": 30})["id"] for _ in range(3)]
+    rationed.start_worker()
+    admin = rationed.client(rationed.admin_key)
+    (first,) = finished(admin, a[:1])
+    assert at(first, "finished_at") - at(first, "started_at") > dt.timedelta(seconds=1.44)
+    b = bob.submit(SPEC)["id"]
+    finished(admin, [b])
+    assert [status_of(admin, i) for i in a[1:]] == ["queued", "queued"]
+
+
 def test_a_direct_entry_runs_and_counts_against_its_owner(limited: Service) -> None:
     """Entries another service puts straight onto the queue, with no row yet: they run, as
     their payload's owner's, and that owner's max_running holds for them too."""
