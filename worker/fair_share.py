@@ -57,6 +57,9 @@ ROWS_PER_QUERY = 500  # ids in one IN (...): within SQLite's bound on parameters
 # and a queue of thousands of direct entries would otherwise cost a script call for each,
 # at every choice, under the lock.
 PAYLOAD_CACHE = 100_000
+# New direct entries read in one choice, head first: one that is not read yet waits for a
+# later choice, and a flood of them keeps one choice (and the lock) short.
+NEW_PAYLOADS_PER_CHOICE = 500
 
 # The take: the entry leaves the queue and joins RQ's intermediate list in one step (as
 # RQ's own BLMOVE does), or nothing happens when it is no longer on the queue.
@@ -222,6 +225,7 @@ class FairShare:
         self.take_script = r.register_script(_TAKE)
         self.unlock_script = r.register_script(_UNLOCK)
         self._payloads: dict[str, Payload | None] = {}
+        self._reads_left = NEW_PAYLOADS_PER_CHOICE
 
     def take(self) -> bytes | None:
         """The entry this worker took (now in RQ's intermediate list), or None when nothing
@@ -238,6 +242,7 @@ class FairShare:
 
     def plan(self) -> list[tuple[bytes, Owner | Literal[False]]]:
         """The entries to try, best first, each with its owner (False: it does not compete)."""
+        self._reads_left = NEW_PAYLOADS_PER_CHOICE
         listed = _unique(self._list(self.queue.key))
         started: list[bytes] = self.r.zrange(self.queue.started_job_registry.key, 0, -1)  # type: ignore[assignment]
         taken = _unique(
@@ -250,8 +255,8 @@ class FairShare:
         with self.db.reader() as s:
             rows = _rows(s, {i for i in ids.values() if i is not None})
             running = _running(s)
+            self._count_taken(running, taken, ids, rows)  # first: they always count
             first, waiting = self._waiting(listed, ids, rows)
-            self._count_taken(running, taken, ids, rows)
             owners = {w.owner for w in waiting}
             limits, out_of_hours = self._limits(s, owners)
         self._forget_payloads(listed, taken)
@@ -279,8 +284,13 @@ class FairShare:
         max_running: dict[Owner, int | None] = {o: lim.max_running for o, lim in limits.items()}
         return {None: None, **max_running}, frozenset(out)
 
-    def _payload(self, entry: str) -> Payload | None:
+    def _payload(self, entry: str) -> Payload | Literal[False] | None:
+        """The entry's payload (None: unreadable), or False when this choice has read its
+        share of new entries already."""
         if entry not in self._payloads:
+            if self._reads_left <= 0:
+                return False
+            self._reads_left -= 1
             self._payloads[entry] = read_payload(self.r, entry)
         return self._payloads[entry]
 
@@ -317,6 +327,8 @@ class FairShare:
             row = rows.get(job_id)
             if row is None:
                 payload = self._payload(entry)
+                if payload is False:
+                    continue  # read in a later choice
                 if payload is None:
                     first.append(raw)
                 else:
@@ -346,7 +358,7 @@ class FairShare:
                     running[row.owner].add(job_id)
                 continue
             payload = self._payload(raw.decode())
-            if payload is not None:
+            if payload:
                 running[payload.owner].add(job_id)
 
     def wait(self, seconds: int) -> None:
