@@ -212,6 +212,7 @@ def fixed_width_json(images: torch.Tensor) -> bytes:
     return f'{{"images": {nested(images)}}}'.encode()
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 def test_a_3x64x64_model_takes_256_json_images_and_downloads_with_check(
     service: Service, rgb64_digits: dict[str, np.ndarray], tmp_path: Path
 ) -> None:

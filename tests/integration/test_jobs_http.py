@@ -97,6 +97,7 @@ def test_submit_follow_poll_download(service: Service, data_dir: Path, tmp_path:
     assert (predicted == test.labels).float().mean().item() >= 0.97
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 def test_sse_resumes_from_last_event_id(service: Service) -> None:
     c = service.client()
     job = c.submit({"epochs": 1, "max_steps": 20, "batch_size": 32})
@@ -121,6 +122,7 @@ def test_idempotency_key(service: Service) -> None:
     wait_until(lambda: c.job(a["id"])["status"] == "succeeded", 60, "job to finish")
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 def test_cancel_running_then_queued(service: Service) -> None:
     c = service.client()
     running = c.submit({"epochs": 50})
@@ -149,6 +151,7 @@ def test_cancel_running_then_queued(service: Service) -> None:
     assert exc.value.status == 409
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 def test_worker_names_reach_admin_keys_only(service: Service) -> None:
     """A worker's name carries its host's: an admin key sees it on the job, in the job list
     and in /metrics; the job's own key sees it nowhere, the event stream included."""
@@ -176,6 +179,7 @@ def test_worker_names_reach_admin_keys_only(service: Service) -> None:
     assert worker not in str(events)
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 def test_cursors_past_any_step_are_422_or_ignored_never_500(service: Service) -> None:
     """Steps are 32-bit integers in the database: a metrics cursor past 2**31 - 1 is a 422
     naming `after`, an SSE Last-Event-ID past any step is ignored (the stream starts from

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from redis import Redis
 
 from api.auth import owner_id
@@ -50,6 +51,7 @@ def test_a_row_from_before_the_recipe_fields_trains_its_old_recipe(service: Serv
     assert trained["ema_decay"] is None
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 def test_a_spec_sent_straight_to_the_queue_takes_todays_defaults(service: Service) -> None:
     trained = run_to_the_end(service, {"epochs": 1, "max_steps": 3}, row=False)
     today = JobSpec()

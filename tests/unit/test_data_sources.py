@@ -224,6 +224,7 @@ def test_a_short_run_trains_on_the_full_set(name: str, installed_data_dir: Path)
     assert result.test_accuracy > 0.5  # 10 classes: chance is 0.1
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 def test_an_installed_debian_package_is_read_without_fetching(
     installed_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -242,6 +243,7 @@ def test_an_installed_debian_package_is_read_without_fetching(
     assert file_problems(FASHION, tmp_path / "data") == []
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 def test_an_archive_fetched_elsewhere_installs_with_no_registry_tool(
     installed_data_dir: Path, tmp_path: Path
 ) -> None:

@@ -61,6 +61,7 @@ def uninterrupted(data_dir: Path) -> dict[JobSpec, Recorder]:
     return runs
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 @pytest.mark.parametrize(
     ("spec", "k"),
     [(SPEC, 3), (SPEC, 8), (SPEC, 13), (DATALOADER, 11)],

@@ -70,6 +70,7 @@ def weights_after(spec: JobSpec, data_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(io.BytesIO(rec.checkpoints[-1][1]), weights_only=True)["model"]
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 def test_same_seed_same_weights_on_cpu(data_dir: Path) -> None:
     a = weights_after(small(seed=7), data_dir)
     b = weights_after(small(seed=7), data_dir)
@@ -78,6 +79,7 @@ def test_same_seed_same_weights_on_cpu(data_dir: Path) -> None:
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 def test_resume_from_a_checkpoint_matches_an_uninterrupted_run(data_dir: Path) -> None:
     spec = JobSpec(epochs=2, batch_size=512, seed=3)
     whole = Recorder()
@@ -123,6 +125,7 @@ def test_gradient_checkpointing_and_no_channels_last_train(data_dir: Path) -> No
     assert result.steps == 6
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 @pytest.mark.parametrize("workers", [0, 1])
 def test_the_articles_dataloader_path_trains(workers: int, data_dir: Path) -> None:
     spec = small(data_path="dataloader", num_workers=workers, persistent_workers=workers > 0)
@@ -158,6 +161,7 @@ def test_a_diverging_run_stops_without_writing_nan(data_dir: Path) -> None:
     assert all(math.isfinite(e.test_loss) for e in rec.epochs)
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 def test_target_accuracy_stops_early(data_dir: Path) -> None:
     result = train(JobSpec(epochs=5, target_accuracy=0.5), data_dir=data_dir)
     assert result.stopped_early == "target_accuracy"

@@ -34,6 +34,7 @@ def test_a_missing_uploaded_set_is_named(tmp_path: Path) -> None:
         load_dataset(f"ds:{uuid.uuid4()}", tmp_path)
 
 
+@pytest.mark.slow  # over 10 s: the full run, not --fast
 @pytest.mark.parametrize("data_path", ["device", "dataloader"])
 def test_trainer_on_an_rgb_non_square_set(data_path: str, tmp_path: Path) -> None:
     """Net, the export check and the record follow the data: 3×20×12, 5 classes."""

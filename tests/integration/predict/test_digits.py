@@ -19,6 +19,9 @@ from core.db import Artifact, Database
 from tests.integration.predict.calls import N_DIGITS, auth, png, predict, zeros
 from tests.service import Service, wait_until
 
+# A model trained for the module (about 40 s): the full run, not --fast.
+pytestmark = pytest.mark.slow
+
 
 class Classified(NamedTuple):
     images: torch.Tensor  # (N, 1, 28, 28) uint8
