@@ -18,8 +18,12 @@ priority, until the work horse gives it its row. Admin jobs (owner None) are one
 
 The take is one Redis script, LREM from the queue and RPUSH onto RQ's intermediate list,
 so two workers never take the same entry, and a worker killed after it is in the state RQ's
-own dequeue (BLMOVE) leaves: the entry sits in the intermediate list, and RQ's clean-up and
-the reconciler bring its job back (worker.reconciler)."""
+own dequeue (BLMOVE) leaves: the entry sits in the intermediate list. RQ's clean-up would
+fail it only ten to twenty minutes later (two of its maintenance passes), and all that time
+it would count as running for its owner, whose slot it holds. So each take is also recorded
+with its time, and a take that no work horse started within TAKE_GRACE_MS (its taker
+killed, or the take's reply lost on the wire) goes back to the head of the queue at the next
+choice. Should its taker start it after all, the job's claim lets one attempt run."""
 
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ LOCK_TTL_MS = 10_000  # far above one choice (a few reads); a dead holder frees 
 LOCK_WAIT_S = 0.02
 TURNS_TTL_MS = 24 * 3600 * 1000  # owners' last turns: forgotten after a day without a take
 ADMINS = ""  # the admins' field in the turns hash: no owner id is empty (core.queue)
+TAKE_GRACE_MS = 30_000  # a take starts within a second (a fork); past this its taker is gone
 ROWS_PER_QUERY = 500  # ids in one IN (...): within SQLite's bound on parameters
 # Direct entries' payloads, read once each: an entry's hash does not change while it waits,
 # and a queue of thousands of direct entries would otherwise cost a script call for each,
@@ -62,17 +67,38 @@ PAYLOAD_CACHE = 100_000
 NEW_PAYLOADS_PER_CHOICE = 500
 
 # The take: the entry leaves the queue and joins RQ's intermediate list in one step (as
-# RQ's own BLMOVE does), or nothing happens when it is no longer on the queue.
-# When the entry competes (ARGV[2] names its owner), the owner's turn is recorded too: a
+# RQ's own BLMOVE does), or nothing happens when it is no longer on the queue. The take's
+# time (Redis's clock, ms) is recorded in KEYS[4] (return_stranded). When the entry
+# competes (ARGV[3] is 1; ARGV[4] names its owner), the owner's turn is recorded too: a
 # number that grows with each take, in a hash of one field per owner.
 _TAKE = """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
 redis.call('RPUSH', KEYS[2], ARGV[1])
-if ARGV[2] then
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[4], ARGV[1], now[1] * 1000 + math.floor(now[2] / 1000))
+redis.call('PEXPIRE', KEYS[4], ARGV[2])
+if ARGV[3] == '1' then
   local turn = redis.call('HINCRBY', KEYS[3], '#turns', 1)
-  redis.call('HSET', KEYS[3], ARGV[2], turn)
-  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+  redis.call('HSET', KEYS[3], ARGV[4], turn)
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
 end
+return 1
+"""
+# A take not started within the grace (ARGV[2], ms) goes back to the queue's head; a take
+# that left the intermediate list (a horse started it) is forgotten. 1: returned.
+_RETURN = """
+local at = redis.call('HGET', KEYS[3], ARGV[1])
+local now = redis.call('TIME')
+if redis.call('LPOS', KEYS[2], ARGV[1]) == false then
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  return 0
+end
+if not at or tonumber(at) + tonumber(ARGV[2]) > now[1] * 1000 + math.floor(now[2] / 1000) then
+  return 0
+end
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('LREM', KEYS[2], 1, ARGV[1])
+redis.call('LPUSH', KEYS[1], ARGV[1])
 return 1
 """
 _UNLOCK = """
@@ -222,7 +248,9 @@ class FairShare:
         self.r, self.db, self.settings, self.queue = r, db, settings, queue
         self.lock_key = f"{queue.key}:fair-share-lock"
         self.turns_key = f"{queue.key}:fair-share-turns"
+        self.takes_key = f"{queue.key}:fair-share-takes"  # entry -> when it was taken (ms)
         self.take_script = r.register_script(_TAKE)
+        self.return_script = r.register_script(_RETURN)
         self.unlock_script = r.register_script(_UNLOCK)
         self._payloads: dict[str, Payload | None] = {}
         self._reads_left = NEW_PAYLOADS_PER_CHOICE
@@ -230,15 +258,32 @@ class FairShare:
     def take(self) -> bytes | None:
         """The entry this worker took (now in RQ's intermediate list), or None when nothing
         on the queue may start now."""
-        keys = [self.queue.key, self.queue.intermediate_queue_key, self.turns_key]
+        keys = [self.queue.key, self.queue.intermediate_queue_key, self.turns_key, self.takes_key]
         with self._lock():
+            self.return_stranded()
             for entry, owner in self.plan():
-                turn: list[str | int] = []
+                turn: list[str | int] = [0, ""]
                 if owner is not False:
-                    turn = [ADMINS if owner is None else owner, TURNS_TTL_MS]
-                if self.take_script(keys=keys, args=[entry, *turn]):
+                    turn = [1, ADMINS if owner is None else owner]
+                if self.take_script(keys=keys, args=[entry, TURNS_TTL_MS, *turn]):
                     return entry
         return None
+
+    def return_stranded(self) -> list[bytes]:
+        """Takes that no work horse started within TAKE_GRACE_MS, put back at the queue's
+        head (see the module's docstring); records of takes that started, forgotten."""
+        recorded: list[bytes] = self.r.hkeys(self.takes_key)  # type: ignore[assignment]
+        if not recorded:
+            return []
+        members: list[bytes] = self.r.zrange(self.queue.started_job_registry.key, 0, -1)  # type: ignore[assignment]
+        started = {m.split(b":", 1)[0] for m in members}
+        keys = [self.queue.key, self.queue.intermediate_queue_key, self.takes_key]
+        returned = []
+        for entry in recorded:
+            # Its execution is registered: RQ's own clean-up judges its worker.
+            if entry not in started and self.return_script(keys=keys, args=[entry, TAKE_GRACE_MS]):
+                returned.append(entry)
+        return returned
 
     def plan(self) -> list[tuple[bytes, Owner | Literal[False]]]:
         """The entries to try, best first, each with its owner (False: it does not compete)."""
