@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import time
 import uuid
 from collections import defaultdict
@@ -52,8 +53,10 @@ from core.quotas import in_force, overrides, spans_by_owner, trained_s
 from core.spec import JobStatus, Priority
 
 Owner = str | None
+log = logging.getLogger("trainq.worker")
 LOCK_TTL_MS = 10_000  # far above one choice (a few reads); a dead holder frees it this soon
 LOCK_WAIT_S = 0.02
+LOCK_LOST = -1  # the take script's answer when this worker no longer holds the lock
 TURNS_TTL_MS = 24 * 3600 * 1000  # owners' last turns: forgotten after a day without a take
 ADMINS = ""  # the admins' field in the turns hash: no owner id is empty (core.queue)
 TAKE_GRACE_MS = 30_000  # a take starts within a second (a fork); past this its taker is gone
@@ -72,6 +75,7 @@ NEW_PAYLOADS_PER_CHOICE = 500
 # competes (ARGV[3] is 1; ARGV[4] names its owner), the owner's turn is recorded too: a
 # number that grows with each take, in a hash of one field per owner.
 _TAKE = """
+if redis.call('GET', KEYS[5]) ~= ARGV[5] then return -1 end
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
 redis.call('RPUSH', KEYS[2], ARGV[1])
 local now = redis.call('TIME')
@@ -258,14 +262,26 @@ class FairShare:
     def take(self) -> bytes | None:
         """The entry this worker took (now in RQ's intermediate list), or None when nothing
         on the queue may start now."""
-        keys = [self.queue.key, self.queue.intermediate_queue_key, self.turns_key, self.takes_key]
-        with self._lock():
+        keys = [
+            self.queue.key,
+            self.queue.intermediate_queue_key,
+            self.turns_key,
+            self.takes_key,
+            self.lock_key,
+        ]
+        with self._lock() as token:
             self.return_stranded()
             for entry, owner in self.plan():
                 turn: list[str | int] = [0, ""]
                 if owner is not False:
                     turn = [1, ADMINS if owner is None else owner]
-                if self.take_script(keys=keys, args=[entry, TURNS_TTL_MS, *turn]):
+                taken = self.take_script(keys=keys, args=[entry, TURNS_TTL_MS, *turn, token])
+                if taken == LOCK_LOST:
+                    # The choice outlasted the lock (a slow database): another worker may be
+                    # choosing from the same counts, so this one takes nothing and looks again.
+                    log.warning("fair share: the choice took longer than the lock; choosing again")
+                    return None
+                if taken:
                     return entry
         return None
 
@@ -417,13 +433,14 @@ class FairShare:
             time.sleep(seconds)
 
     @contextmanager
-    def _lock(self) -> Iterator[None]:
-        """One worker of the queue chooses at a time, so that each sees the others' takes."""
+    def _lock(self) -> Iterator[str]:
+        """One worker of the queue chooses at a time, so that each sees the others' takes;
+        its token fences the take (a choice that outlasts the TTL takes nothing)."""
         token = uuid.uuid4().hex
         while not self.r.set(self.lock_key, token, nx=True, px=LOCK_TTL_MS):
             time.sleep(LOCK_WAIT_S)
         try:
-            yield
+            yield token
         finally:
             self.unlock_script(keys=[self.lock_key], args=[token])
 

@@ -25,9 +25,7 @@ import onnxscript  # noqa: F401  (the ONNX exporter's: a second of each job's ex
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
 import torchvision  # noqa: F401
 from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Worker
 from rq.command import handle_stop_job_command
 from rq.executions import Execution
@@ -122,8 +120,10 @@ class TrainqWorker(Worker):
                     break
                 self.fair.wait(min(timeout, FAIR_POLL_S))
                 delay = RETRY_FIRST_S
-            except (RedisConnectionError, RedisTimeoutError, SQLAlchemyError) as e:
-                # As RQ's dequeue does for Redis; the database away too only delays the choice
+            except (RedisError, SQLAlchemyError) as e:
+                # As RQ's dequeue does for a lost Redis; a refused command (a full Redis
+                # refuses the lock's SET and the heartbeat) and the database away too only
+                # delay the choice, never end the worker
                 log.warning("fair share cannot choose (%s); trying again in %.0f s", e, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
