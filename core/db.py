@@ -160,6 +160,17 @@ class Job(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
 
 
+class DeletedJob(Base):
+    """A job deleted with DELETE /jobs/{id}: a worker that took one of its queue entries just
+    before the delete refuses it rather than make the job again from the entry. Kept
+    DELETED_JOB_DAYS (core.store.deletion), far past any such race."""
+
+    __tablename__ = "deleted_jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    deleted_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
 class Quota(Base):
     """One owner's limits where they differ from the defaults in Settings (core.quotas).
     `limits` holds only the limits overridden; null in it means no limit."""

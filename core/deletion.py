@@ -4,7 +4,7 @@ The order is what makes a crash harmless. First the job's queue entries leave Re
 queue entry whose job has no row is admitted by a worker as a job sent straight to the
 queue, so none may outlive the row (for an ended job they would run nothing anyway). Then
 the database, in one transaction: the row and all its results, or nothing, so no row ever
-claims a model or steps it no longer has. Last the job's stream keys, which expire a day
+claims a model or steps it no longer has. Last the job's stream keys, which expire an hour
 after the job's end anyway (core.stream.FINISHED_TTL_S) should a crash or a Redis outage
 leave them."""
 
@@ -50,4 +50,4 @@ def delete_job(db: Database, r: Redis, *, queue: str, job: Job) -> None:
     try:
         forget_job(r, job.id)
     except RedisError as e:
-        log.warning("job %s deleted; its stream was not (%s): it expires within a day", job.id, e)
+        log.warning("job %s deleted; its stream was not (%s): it expires within an hour", job.id, e)

@@ -15,7 +15,7 @@ from core.errors import InvalidSpec, field_problems
 from core.queue import VIA_API
 from core.spec import JobSpec, JobStatus, stored_spec, user_dataset_id
 from core.store import create_job, end_job, get_dataset, get_job
-from core.store.deletion import lock_datasets
+from core.store.deletion import lock_datasets, was_deleted
 from worker.attempt import Attempt
 from worker.execution import fail
 
@@ -40,9 +40,7 @@ def admit(a: Attempt) -> JobSpec | dict[str, Any]:
             a.job_id,
         )
         return {"status": "refused", "error": "the submission of this job failed"}
-    if a.queue_entry != a.job_id and not _has_row(a.db, a.job_id):
-        # Only a requeue travels under an entry of its own, and only a job with a row is
-        # requeued: its row is gone, so the job was deleted after this entry was made.
+    if _deleted(a):
         log.warning(
             "refusing queue entry %s: job %s has no row (it was deleted); nothing runs",
             a.queue_entry,
@@ -121,9 +119,14 @@ def _validate(raw: Any, *, stored: bool = False) -> tuple[JobSpec | None, str | 
         return None, "; ".join(field_problems(e))
 
 
-def _has_row(db: Database, job_id: str) -> bool:
-    with db.reader() as s:
-        return get_job(s, job_id=job_id) is not None
+def _deleted(a: Attempt) -> bool:
+    """Whether this entry's job was deleted (DELETE /jobs/{id}) after the entry was made: a
+    worker took it just before the delete removed it. A requeue's entry (an id of its own)
+    is made only for a job with a row, so its job's missing row says so too."""
+    with a.db.reader() as s:
+        if get_job(s, job_id=a.job_id) is not None:
+            return False
+        return a.queue_entry != a.job_id or was_deleted(s, job_id=a.job_id)
 
 
 def _await_commit(db: Database, job_id: str, bound_s: float) -> bool:

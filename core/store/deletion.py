@@ -9,12 +9,22 @@ from collections.abc import Iterable
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from core.db import Artifact, Checkpoint, EpochMetric, Job, StepMetric, UserDataset
+from core.db import (
+    Artifact,
+    Checkpoint,
+    DeletedJob,
+    EpochMetric,
+    Job,
+    StepMetric,
+    UserDataset,
+    db_ago,
+)
 from core.spec import TERMINAL, USER_DATASET_PREFIX, JobStatus
 
 ENDED = sorted(TERMINAL)
 ACTIVE = [JobStatus.queued, JobStatus.running]
 RESULTS = (Artifact, Checkpoint, StepMetric, EpochMetric)
+DELETED_JOB_DAYS = 7  # how long a deleted job's id is remembered (worker.admission)
 
 
 def delete_ended_job(s: Session, *, job_id: str) -> bool:
@@ -27,7 +37,13 @@ def delete_ended_job(s: Session, *, job_id: str) -> bool:
     for table in RESULTS:
         s.execute(delete(table).where(table.job_id == job_id))
     s.execute(delete(Job).where(Job.id == job_id))
+    s.execute(delete(DeletedJob).where(DeletedJob.deleted_at < db_ago(DELETED_JOB_DAYS * 86400)))
+    s.add(DeletedJob(id=job_id))
     return True
+
+
+def was_deleted(s: Session, *, job_id: str) -> bool:
+    return s.get(DeletedJob, job_id) is not None
 
 
 def lock_datasets(s: Session, *, dataset_ids: Iterable[str]) -> set[str]:

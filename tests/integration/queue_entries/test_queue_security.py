@@ -231,6 +231,27 @@ def test_a_requeue_entry_of_a_deleted_job_runs_nothing(svc: Service, r: Redis) -
     assert e.value.status == 404
 
 
+def test_the_entry_of_a_job_deleted_after_a_worker_took_it_runs_nothing(
+    svc: Service, r: Redis
+) -> None:
+    """A job deleted (DELETE /jobs/{id}) while a worker held its entry, not yet admitted:
+    the entry, under the job's own id, is refused, and the job is not made again."""
+    alice = svc.client(svc.keys[0])
+    job_id = str(alice.submit(SPEC)["id"])
+    wait_until(lambda: alice.job(job_id)["status"] == "succeeded", 60, "the job to end")
+    alice.delete(job_id)
+    rq_queue(svc, r).enqueue_call(  # the entry as the worker held it, back on the queue
+        TASK, kwargs={"spec": SPEC, "owner": owner_id(svc.keys[0])}, job_id=job_id
+    )
+    assert run_to_its_end(r, job_id).return_value() == {
+        "status": "refused",
+        "error": "the job of this entry was deleted",
+    }
+    with pytest.raises(ApiError) as e:
+        svc.client(svc.admin_key).job(job_id)
+    assert e.value.status == 404
+
+
 def test_a_job_with_a_row_trains_the_rows_spec_not_its_entrys(svc: Service, r: Redis) -> None:
     job_id = queued_row(svc, {**SPEC, "hidden": 24}, owner=owner_id(svc.keys[1]))
     sent = {"epochs": 1, "max_steps": 1, "hidden": 1}
