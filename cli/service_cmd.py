@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from core.config import Settings
 from core.local.keys import load_or_create_key
@@ -136,9 +137,10 @@ def api_processes(settings: Settings, redis_url: str) -> Iterator[None]:
     with: the settings this command resolved (the Redis it may have started, the key it may
     have made), and an empty folder for Prometheus's multiprocess mode, so that /metrics
     from any process counts the requests of all (api.observability). The folder is this
-    port's in the data folder, emptied at every start: a server killed before it could
-    remove it leaves one folder, never one a run."""
-    folder = settings.data_dir / "api-metrics" / str(settings.port)
+    port's, emptied at every start: a server killed before it could remove it leaves one
+    folder, never one a run. It is in memory (/dev/shm) where the host has it: Prometheus
+    maps its files, and a page the full data disk cannot back kills the process (SIGBUS)."""
+    folder = _metrics_root(settings) / f"trainq-api-metrics-{os.getuid()}-{settings.port}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     os.environ.update(
@@ -151,6 +153,11 @@ def api_processes(settings: Settings, redis_url: str) -> Iterator[None]:
         yield
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _metrics_root(settings: Settings) -> Path:
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else settings.data_dir
 
 
 def _reconcile_in_background(settings: Settings, redis_url: str) -> None:
