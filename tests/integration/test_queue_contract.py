@@ -7,6 +7,8 @@ import sys
 import uuid
 from typing import Any
 
+import pytest
+
 from tests.service import Service, status_of, wait_until
 
 DIRECT = """
@@ -38,6 +40,7 @@ def run_directly(service: Service, spec: str, until: str) -> dict[str, Any]:
     return admin.job(job_id)
 
 
+@pytest.mark.slow  # several seconds of training: the full run, not --fast
 def test_a_job_enqueued_with_only_redis_and_rq_runs_and_is_visible(service: Service) -> None:
     job = run_directly(service, '{"epochs": 1, "max_steps": 5}', "succeeded")
     assert job["spec"]["max_steps"] == 5 and job["attempt"] == 1

@@ -213,6 +213,7 @@ def test_an_archive_lacking_a_file_is_refused(installed_data_dir: Path) -> None:
         read_pinned_members(archive, MNIST)
 
 
+@pytest.mark.slow  # several seconds of training: the full run, not --fast
 @pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
 def test_a_short_run_trains_on_the_full_set(name: str, installed_data_dir: Path) -> None:
     """30 steps, then the evaluation on all 10,000 test images: the full path on a CPU in

@@ -91,6 +91,7 @@ def test_resume_from_a_checkpoint_matches_an_uninterrupted_run(data_dir: Path) -
     assert resumed.epochs[0].test_accuracy == whole.epochs[1].test_accuracy
 
 
+@pytest.mark.slow  # several seconds of training: the full run, not --fast
 @pytest.mark.parametrize("amp", [Amp.off, Amp.bf16, Amp.auto])
 def test_amp_modes_train_on_this_device(amp: Amp, data_dir: Path) -> None:
     result = train(small(amp=amp), data_dir=data_dir)
@@ -120,6 +121,7 @@ def test_gradscaler_unscales_before_clipping(data_dir: Path) -> None:
     assert run.scaler.get_scale() > 0 and math.isfinite(float(loss))
 
 
+@pytest.mark.slow  # several seconds of training: the full run, not --fast
 def test_gradient_checkpointing_and_no_channels_last_train(data_dir: Path) -> None:
     result = train(small(gradient_checkpointing=True, channels_last=False), data_dir=data_dir)
     assert result.steps == 6
