@@ -113,6 +113,7 @@ def workers_alive(url: str) -> bool:
         return False
 
 
+@pytest.mark.slow  # a job trained end to end: the full run, not --fast
 def test_up_makes_a_key_that_sees_jobs_enqueued_without_an_owner(
     up: Up, redis_server: RedisServer
 ) -> None:

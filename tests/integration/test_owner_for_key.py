@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from client import owner_for_key
 from core.queue import enqueue_job
 from tests.service import Service, status_of, wait_until
 
 
+@pytest.mark.slow  # a job trained end to end: the full run, not --fast
 def test_a_job_enqueued_for_a_keys_owner_is_that_keys(service: Service) -> None:
     alice, bob = service.keys
     job_id = str(uuid.uuid4())
