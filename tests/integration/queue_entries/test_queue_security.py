@@ -214,42 +214,40 @@ def test_an_entry_made_up_for_a_queued_job_claims_nothing(svc: Service, r: Redis
     assert job["status"] == "queued" and job["attempt"] == 0
 
 
-def test_a_requeue_entry_of_a_deleted_job_runs_nothing(svc: Service, r: Redis) -> None:
-    """A requeue's entry (`<job>-a1`, naming its job) whose row was deleted while it
-    waited: refused, and no job is made again from it."""
-    ghost = str(uuid.uuid4())
-    entry = f"{ghost}-a1"
-    rq_queue(svc, r).enqueue_call(
-        TASK, kwargs={"spec": SPEC, "owner": owner_id(svc.keys[0]), "job_id": ghost}, job_id=entry
-    )
-    assert run_to_its_end(r, entry).return_value() == {
-        "status": "refused",
-        "error": "the job of this entry was deleted",
-    }
-    with pytest.raises(ApiError) as e:
-        svc.client(svc.admin_key).job(ghost)
-    assert e.value.status == 404
-
-
-def test_the_entry_of_a_job_deleted_after_a_worker_took_it_runs_nothing(
-    svc: Service, r: Redis
+def assert_runs_nothing_of_a_deleted_job(
+    svc: Service, r: Redis, job_id: str, entry: str, payload: dict[str, object]
 ) -> None:
-    """A job deleted (DELETE /jobs/{id}) while a worker held its entry, not yet admitted:
-    the entry, under the job's own id, is refused, and the job is not made again."""
-    alice = svc.client(svc.keys[0])
-    job_id = str(alice.submit(SPEC)["id"])
-    wait_until(lambda: alice.job(job_id)["status"] == "succeeded", 60, "the job to end")
-    alice.delete(job_id)
-    rq_queue(svc, r).enqueue_call(  # the entry as the worker held it, back on the queue
-        TASK, kwargs={"spec": SPEC, "owner": owner_id(svc.keys[0])}, job_id=job_id
-    )
-    assert run_to_its_end(r, job_id).return_value() == {
+    """The entry, pushed back on the queue, is refused as one whose job was deleted, and
+    no job is made again from it."""
+    rq_queue(svc, r).enqueue_call(TASK, kwargs=payload, job_id=entry)
+    assert run_to_its_end(r, entry).return_value() == {
         "status": "refused",
         "error": "the job of this entry was deleted",
     }
     with pytest.raises(ApiError) as e:
         svc.client(svc.admin_key).job(job_id)
     assert e.value.status == 404
+
+
+def test_a_requeue_entry_of_a_deleted_job_runs_nothing(svc: Service, r: Redis) -> None:
+    """A requeue's entry (`<job>-a1`, naming its job) whose row was deleted while it
+    waited."""
+    ghost = str(uuid.uuid4())
+    payload = {"spec": SPEC, "owner": owner_id(svc.keys[0]), "job_id": ghost}
+    assert_runs_nothing_of_a_deleted_job(svc, r, ghost, f"{ghost}-a1", payload)
+
+
+def test_the_entry_of_a_job_deleted_after_a_worker_took_it_runs_nothing(
+    svc: Service, r: Redis
+) -> None:
+    """A job deleted (DELETE /jobs/{id}) while a worker held its entry, not yet admitted:
+    the entry, under the job's own id."""
+    alice = svc.client(svc.keys[0])
+    job_id = str(alice.submit(SPEC)["id"])
+    wait_until(lambda: alice.job(job_id)["status"] == "succeeded", 60, "the job to end")
+    alice.delete(job_id)
+    payload = {"spec": SPEC, "owner": owner_id(svc.keys[0])}
+    assert_runs_nothing_of_a_deleted_job(svc, r, job_id, job_id, payload)
 
 
 def test_a_job_with_a_row_trains_the_rows_spec_not_its_entrys(svc: Service, r: Redis) -> None:
