@@ -5,12 +5,14 @@ missing one, so that no key learns what others have."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
 from api.auth import Caller
 from core.db import Job, UserDataset
+from core.spec import JobSpec, model_too_large, user_dataset_id
 from core.store import get_dataset, get_job, job_access
 
 
@@ -36,3 +38,30 @@ def visible_dataset(session: Session, caller: Caller, dataset_id: str) -> UserDa
     if ds is None or not caller.can_see(ds.owner):
         return None
     return ds
+
+
+def check_dataset(session: Session, caller: Caller, spec: JobSpec) -> None:
+    """An uploaded data set ("ds:<id>") must exist and be visible to the caller; 422 on the
+    field otherwise (another owner's set is reported exactly like a missing one)."""
+    ds_id = user_dataset_id(spec.dataset)
+    if ds_id is None:
+        return
+    ds = visible_dataset(session, caller, ds_id)
+    if ds is None:
+        raise HTTPException(422, detail=[no_dataset(spec)])
+    c, h, w = ds.image_shape
+    too_large = model_too_large(spec, (c, h, w), ds.num_classes)
+    if too_large:
+        raise HTTPException(
+            422, detail=[{"loc": ["body"], "msg": too_large, "type": "model_too_large"}]
+        )
+
+
+def no_dataset(spec: JobSpec) -> dict[str, Any]:
+    return {
+        "loc": ["body", "dataset"],
+        "msg": f"no data set {user_dataset_id(spec.dataset)}: upload one with POST /datasets, "
+        "or list yours with GET /datasets",
+        "type": "dataset_not_found",
+        "input": spec.dataset,
+    }

@@ -12,7 +12,7 @@ from api import errors, observability
 from api.auth import KeyRing, RequireKey
 from api.downloads import DownloadSlots
 from api.events import IDLE_BLOCK_MS, EventHub
-from api.routes import datasets, docs, health, jobs, predict, quotas, web
+from api.routes import datasets, docs, health, jobs, predict, quotas, sweeps, web
 from api.submissions import Submitter
 from core.config import Settings
 from core.db import Database
@@ -87,6 +87,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     app.include_router(predict.router)
     app.include_router(datasets.router)
     app.include_router(quotas.router)
+    app.include_router(sweeps.router)
     app.include_router(web.router)
     app.include_router(docs.router)
     return app

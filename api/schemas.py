@@ -35,6 +35,13 @@ class JobResult(BaseModel):
     stopped_early: str | None = None
 
 
+class TrialOf(BaseModel):
+    id: str = Field(description="The sweep's id.")
+    trial: int = Field(description="The trial's number in its sweep, from 0.")
+    params: dict[str, Any] = Field(description="The values the search chose for it.")
+    link: str
+
+
 class Links(BaseModel):
     self: str
     metrics: str
@@ -69,6 +76,7 @@ class JobOut(BaseModel):
     device: str | None
     progress: Progress
     result: JobResult | None
+    sweep: TrialOf | None = Field(None, description="The sweep this job is a trial of.")
     error: JobError | None
     links: Links
 
@@ -186,3 +194,54 @@ class DatasetOut(BaseModel):
     train_count: int
     test_count: int
     created_at: dt.datetime
+
+
+class TrialOut(BaseModel):
+    number: int
+    job_id: str
+    status: JobStatus
+    params: dict[str, Any]
+    value: float | None = Field(description="The objective at its last epoch's end.")
+    values: list[float] = Field(description="The objective at each epoch's end.")
+    train_loss: list[float] = Field(description="Per epoch.")
+    test_loss: list[float] = Field(description="Per epoch.")
+    error: JobError | None = Field(description="Why it was pruned, failed or canceled.")
+    links: dict[str, str]
+
+
+class BestTrial(BaseModel):
+    number: int
+    job_id: str
+    value: float
+    params: dict[str, Any]
+    links: dict[str, str] = Field(description="The trial's job, and its model.")
+
+
+class SweepBudget(BaseModel):
+    trials: int = Field(description="The budget: trials in all.")
+    created: int = Field(description="Trials asked for so far.")
+    in_flight: int = Field(description="Queued or running now.")
+    ended: int
+    pruned: int
+    epochs: int = Field(description="Epochs trained by all trials: the compute spent.")
+
+
+class SweepOut(BaseModel):
+    id: str
+    status: str = Field(description="running, succeeded, failed (no trial completed), canceled.")
+    spec: dict[str, Any] = Field(description="The sweep as submitted.")
+    objective: dict[str, str]
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+    waiting: str | None = Field(
+        description="Why fewer trials are in flight than `parallel` (a quota), or null."
+    )
+    budget: SweepBudget
+    best: BestTrial | None = Field(description="The completed trial with the best objective.")
+    trials: list[TrialOut]
+    links: dict[str, str]
+
+
+class SweepPage(BaseModel):
+    items: list[SweepOut]
+    next: str | None = Field(description="Cursor for the next page, or null at the end.")

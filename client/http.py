@@ -65,11 +65,15 @@ class Client:
     def job(self, job_id: str) -> dict[str, Any]:
         return self._object(self.http.get(f"/jobs/{job_id}"))
 
-    def jobs(self, status: str | None = None, limit: int = 50) -> Iterator[dict[str, Any]]:
-        """Every job, newest first, following the cursors."""
+    def jobs(
+        self, status: str | None = None, limit: int = 50, sweep_id: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every job (of one sweep, with `sweep_id`), newest first, following the cursors."""
         params: dict[str, Any] = {"limit": limit}
         if status:
             params["status"] = status
+        if sweep_id:
+            params["sweep_id"] = sweep_id
         while True:
             page = self._object(self.http.get("/jobs", params=params))
             yield from page["items"]
@@ -113,6 +117,50 @@ class Client:
     def clear_quota(self, owner: str) -> dict[str, Any]:
         """Admin: `owner` back to the default limits."""
         return self._object(self.http.delete(f"/quotas/{owner}"))
+
+    def create_sweep(
+        self, sweep: dict[str, Any], idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Start a sweep: {"base": JobSpec, "space": {...}, "objective", "sampler", "pruner",
+        "trials", "parallel"}; its first trials are queued at once."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._object(self.http.post("/sweeps", json=sweep, headers=headers))
+
+    def sweep(self, sweep_id: str) -> dict[str, Any]:
+        return self._object(self.http.get(f"/sweeps/{sweep_id}"))
+
+    def sweeps(self, limit: int = 20) -> Iterator[dict[str, Any]]:
+        """Every sweep, newest first."""
+        params: dict[str, Any] = {"limit": limit}
+        while True:
+            page = self._object(self.http.get("/sweeps", params=params))
+            yield from page["items"]
+            if not page["next"]:
+                return
+            params["cursor"] = page["next"]
+
+    def cancel_sweep(self, sweep_id: str) -> dict[str, Any]:
+        return self._object(self.http.post(f"/sweeps/{sweep_id}/cancel"))
+
+    def sweep_events(self, sweep_id: str) -> Iterator[dict[str, Any]]:
+        """The sweep each time it changes, until it ends; a dropped connection reconnects
+        (each event is the whole sweep, so nothing is missed)."""
+        while True:
+            try:
+                with self.http.stream("GET", f"/sweeps/{sweep_id}/events", timeout=None) as resp:
+                    if resp.status_code >= 400:
+                        resp.read()
+                        self._json(resp)
+                    for event in _parse_sse(resp.iter_lines()):
+                        yield event["data"]
+                        if event["data"]["status"] != "running":
+                            return
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError):
+                time.sleep(0.5)
+            except ApiError as e:
+                if e.status != 503:
+                    raise
+                time.sleep(0.5)
 
     def health(self) -> dict[str, Any]:
         return self._object(self.http.get("/health"))

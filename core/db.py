@@ -116,6 +116,7 @@ class Job(Base):
         Index("ix_jobs_created", "created_at", "id"),
         Index("ix_jobs_status", "status"),
         Index("ix_jobs_owner_status", "owner", "status"),
+        Index("uq_jobs_sweep_trial", "sweep_id", "trial_number", unique=True),
         # The retention pass's (core.retention.expired): ended, not purged, oldest first.
         Index(
             "ix_jobs_unpurged_finished",
@@ -158,6 +159,39 @@ class Job(Base):
     record: Mapped[dict[str, Any] | None]
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
+    # A sweep's trial (core.sweeps): its sweep, its number there, the values the search
+    # chose (also in `spec`), and what the sampler and pruner keep on it (Optuna's
+    # system attributes).
+    sweep_id: Mapped[str | None] = mapped_column(String(36))
+    trial_number: Mapped[int | None]
+    trial_params: Mapped[dict[str, Any] | None]
+    trial_attrs: Mapped[dict[str, Any] | None]
+
+
+class Sweep(Base):
+    """A search over job specs (core.sweeps): its trials are jobs naming it."""
+
+    __tablename__ = "sweeps"
+    __table_args__ = (
+        UniqueConstraint("owner", "idempotency_key", name="uq_sweeps_owner_idempotency_key"),
+        Index("ix_sweeps_owner_created", "owner", "created_at"),
+        Index("ix_sweeps_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(64))
+    # Whose quotas its trials count against when the search queues them: the creator's
+    # owner, or None for an admin's (api.auth.Caller.quota_owner).
+    quota_owner: Mapped[str | None] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]]  # core.sweeps.spec.SweepSpec, as submitted
+    status: Mapped[str] = mapped_column(String(16))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    trials_created: Mapped[int] = mapped_column(Integer, default=0)
+    # Why the last top-up queued fewer trials than it wanted (a quota), or None.
+    waiting: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[dt.datetime | None]
 
 
 class DeletedJob(Base):

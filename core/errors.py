@@ -80,6 +80,13 @@ class TrainingStopped(TrainqError):
     code = "canceled"
 
 
+class TrialPruned(TrainqError):
+    """A sweep's pruner stopped this trial at an epoch's end (core.sweeps.trials.judge_epoch):
+    the job already ended `pruned` in the transaction that stored the epoch."""
+
+    code = "pruned"
+
+
 class TrainingPreempted(TrainqError):
     """`should_preempt` asked the trainer to hand the run back (its worker is stopping): the
     run stopped at a step boundary, and `checkpoint` resumes it at the next step."""

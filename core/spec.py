@@ -29,13 +29,14 @@ class JobStatus(StrEnum):
     succeeded = "succeeded"
     failed = "failed"
     canceled = "canceled"
+    pruned = "pruned"  # a sweep's trial stopped by its pruner at an epoch's end (core.sweeps)
 
     @property
     def terminal(self) -> bool:
         return self in TERMINAL
 
 
-TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.canceled})
+TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.canceled, JobStatus.pruned})
 
 
 class Amp(StrEnum):

@@ -126,7 +126,9 @@ def trained(c: Client, spec: dict[str, Any]) -> dict[str, Any]:
     """A job of `spec`, submitted and waited for; it must have succeeded."""
     job = c.submit(spec)
     status = wait_until(
-        lambda: (s := c.job(job["id"])["status"]) in ("succeeded", "failed", "canceled") and s,
+        lambda: (
+            (s := c.job(job["id"])["status"]) in ("succeeded", "failed", "canceled", "pruned") and s
+        ),
         180,
         "the job to train",
         interval=0.2,

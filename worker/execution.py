@@ -18,6 +18,7 @@ from core.errors import (
     TrainingPreempted,
     TrainingStopped,
     TrainqError,
+    TrialPruned,
 )
 from core.spec import JobSpec, JobStatus
 from core.store import end_job, get_job, preempt_job, retry_job, succeed_job
@@ -36,7 +37,7 @@ log = logging.getLogger("trainq.worker")
 def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
     """Train the claimed attempt from its last checkpoint, and store how it ended. Every
     outcome ends in the job row; nothing is retried by RQ."""
-    rec = Recorder(a, spec.batch_size)
+    rec = Recorder(a, spec, sweep_id=claim.job.sweep_id)
     rec.status(
         claim.start_step,
         {
@@ -73,6 +74,8 @@ def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
         return {"status": "lost"}
     except TrainingPreempted as e:
         return _hand_back(a, claim, rec, e)
+    except TrialPruned as e:
+        return _pruned(a, rec, e)
     except ExportCheckUnavailable as e:
         return _retry(a, claim, rec, e, spec.max_restarts)
     except TrainqError as e:
@@ -102,6 +105,20 @@ def _succeed(a: Attempt, rec: Recorder, result: TrainResult) -> dict[str, Any]:
     status = JobStatus.succeeded if ok else _status_of(a)
     rec.status(result.steps, {"status": status, "result": summary})
     return {"status": status, **summary}
+
+
+def _pruned(a: Attempt, rec: Recorder, e: TrialPruned) -> dict[str, Any]:
+    """The trial already ended `pruned` with its last epoch (worker.recorder): say so."""
+    step = rec.last_step
+    error = {"code": e.code, "message": e.message}
+    try:
+        publish_status(
+            a.r, a.job_id, step, {"status": JobStatus.pruned, "error": error}, attempt=a.number
+        )
+    except RedisError as re:
+        log.warning("job %s: could not publish its end: %s", a.job_id, re)
+    log.info("job %s %s", a.job_id, e.message)
+    return {"status": JobStatus.pruned, "error": error}
 
 
 def _status_of(a: Attempt) -> JobStatus:

@@ -37,7 +37,9 @@ from core.queue_entries import entry_is_live, stop_entry
 from core.retention import retention_pass
 from core.spec import JobStatus
 from core.store import end_job, lost_jobs, requeue_job, set_queue_entry, stale_queued_jobs
+from core.store.sweeps import running_sweep_ids
 from core.stream import publish_status
+from core.sweeps.trials import advance
 
 log = logging.getLogger("trainq.reconcile")
 
@@ -47,6 +49,7 @@ class Report:
     requeued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     reenqueued: list[str] = field(default_factory=list)
+    trials: list[str] = field(default_factory=list)  # sweeps that got trials here
 
 
 def reconcile_once(db: Database, r: Redis, settings: Settings) -> Report:
@@ -64,7 +67,23 @@ def reconcile_once(db: Database, r: Redis, settings: Settings) -> Report:
     for job in waiting:
         with _on_its_own(job):
             _handle_waiting(db, r, settings, job, report)
+    _advance_sweeps(db, r, settings, report)
     return report
+
+
+def _advance_sweeps(db: Database, r: Redis, settings: Settings, report: Report) -> None:
+    """Every running sweep topped up: the trials that a crash kept from being made when
+    one ended (core.sweeps.trials), or that a quota held back, are made now."""
+    with db.reader() as s:
+        sweeps = running_sweep_ids(s)
+    for sweep_id in sweeps:
+        try:
+            if advance(db, r, settings, sweep_id=sweep_id):
+                report.trials.append(sweep_id)
+        except (RedisError, SQLAlchemyError, OSError):
+            raise
+        except Exception:
+            log.exception("sweep %s could not be advanced; the pass goes on", sweep_id)
 
 
 @contextmanager
@@ -207,7 +226,7 @@ class Reconciler:
         r = connect(self.redis_url)
         try:
             report = reconcile_once(self.db, r, self.settings)
-            if report.requeued or report.failed or report.reenqueued:
+            if report.requeued or report.failed or report.reenqueued or report.trials:
                 log.warning("reconciled: %s", report)
             retention_pass(self.db, self.settings)
         except (RedisError, SQLAlchemyError, OSError) as e:

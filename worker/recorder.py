@@ -7,11 +7,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
+from sqlalchemy.orm import Session
 
-from core.errors import JobSuperseded
-from core.spec import JobStatus
-from core.store import save_epoch, save_steps, set_total_steps
+from core.errors import JobSuperseded, TrialPruned
+from core.spec import JobSpec, JobStatus
+from core.store import end_job, get_job, save_epoch, save_steps, set_total_steps
+from core.store.sweeps import lock_sweep
 from core.stream import Publisher, epoch_entry, status_entry, step_entries
+from core.sweeps.trials import judge_epoch
 from core.train import Callbacks, EpochMetrics, StepMetrics
 from core.train.loop import RunInfo
 from core.worker_stats import publish_worker_stats
@@ -30,9 +33,12 @@ class Recorder:
     Redis is best effort here: while it is away, points wait in memory and go out when it
     is back; the database keeps the full history either way."""
 
-    def __init__(self, a: Attempt, batch_size: int) -> None:
+    def __init__(self, a: Attempt, spec: JobSpec, sweep_id: str | None = None) -> None:
         self.attempt = a
-        self.batch_size = batch_size
+        self.spec = spec
+        self.batch_size = spec.batch_size
+        self.sweep_id = sweep_id  # a sweep's trial: its pruner judges each epoch's end
+        self.total_steps: int | None = None
         self.stream = Publisher(a.r, a.job_id, a.number, a.settings.metrics_maxlen, row=a.row)
         self.heart = Heartbeat(
             a.db,
@@ -64,6 +70,7 @@ class Recorder:
 
     def on_start(self, info: RunInfo) -> None:
         a = self.attempt
+        self.total_steps = info.total_steps
         a.write(
             lambda s: set_total_steps(
                 s, job_id=a.job_id, attempt=a.number, total_steps=info.total_steps
@@ -108,15 +115,48 @@ class Recorder:
         if m is None or m.epoch != epoch:
             raise RuntimeError("checkpoint without its epoch metrics")
         steps = [p for p in self.unsaved if p.step <= m.step]
-        a.write(
-            lambda s: save_epoch(
-                s, job_id=a.job_id, attempt=a.number, epoch=m, steps=steps, checkpoint=blob
-            )
-        )
+
+        def store(s: Session) -> str | None:
+            if self.sweep_id is not None:
+                # The sweep's row before the job's, as every writer of both takes them
+                # (core.sweeps.trials): a cancel of the sweep never deadlocks with this.
+                lock_sweep(s, sweep_id=self.sweep_id)
+            save_epoch(s, job_id=a.job_id, attempt=a.number, epoch=m, steps=steps, checkpoint=blob)
+            return self._judge(s, m)
+
+        pruned = a.write(store)
         self.unsaved = [p for p in self.unsaved if p.step > m.step]
         self.heart.touch()
         self.stream.add([epoch_entry(m)])  # after the epoch's steps, however long they wait
         self.stream.flush()
+        if pruned is not None:
+            raise TrialPruned(pruned)
+
+    def _judge(self, s: Session, m: EpochMetrics) -> str | None:
+        """A trial's pruner, in the epoch's own transaction: a pruned trial ends `pruned`
+        with the epoch that judged it, or neither is stored (a crash before the commit
+        trains the epoch again and asks again). The last epoch is judged too, so that its
+        value competes at its rung, but never pruned: the run ends there, with its model."""
+        if self.sweep_id is None:
+            return None
+        job = get_job(s, job_id=self.attempt.job_id)
+        judged = judge_epoch(s, job=job, epoch=m.epoch) if job is not None else None
+        last = m.epoch >= self.spec.epochs or (
+            self.total_steps is not None and m.step >= self.total_steps
+        )
+        if judged is None or not judged[0].prune or last:
+            return None
+        a, why = self.attempt, judged[1]
+        end_job(
+            s,
+            job_id=a.job_id,
+            status=JobStatus.pruned,
+            code="pruned",
+            message=why,
+            from_statuses=(JobStatus.running,),
+            attempt=a.number,
+        )
+        return why
 
     def flush_history(self) -> None:
         """A run that stops mid-epoch keeps the steps it made."""

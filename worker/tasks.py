@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from rq import get_current_job
@@ -12,10 +13,13 @@ from core.config import Settings
 from core.db import Database
 from core.logs import current_job
 from core.spec import JobSpec
+from core.sweeps.trials import advance
 from worker.admission import admit
 from worker.attempt import Attempt, claim
 from worker.execution import execute
 from worker.preemption import Preemption
+
+log = logging.getLogger("trainq.worker")
 
 
 def train(
@@ -58,4 +62,16 @@ def _run(a: Attempt) -> dict[str, Any]:
     claimed = claim(a)
     if claimed is None:
         return {"status": "skipped"}
-    return execute(dataclasses.replace(a, number=claimed.job.attempt), spec, claimed)
+    outcome = execute(dataclasses.replace(a, number=claimed.job.attempt), spec, claimed)
+    if claimed.job.sweep_id is not None:
+        _next_trials(a, claimed.job.sweep_id)
+    return outcome
+
+
+def _next_trials(a: Attempt, sweep_id: str) -> None:
+    """A trial ended (or went back to the queue): its sweep's next ones, now. Should this
+    fail or the worker die first, the reconciler's next pass makes them."""
+    try:
+        advance(a.db, a.r, a.settings, sweep_id=sweep_id)
+    except Exception:
+        log.exception("sweep %s: the next trials wait for the reconciler", sweep_id)

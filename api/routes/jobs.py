@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import datetime as dt
 import json
 import logging
 import uuid
@@ -17,8 +14,10 @@ from redis import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
-from api.access import visible_dataset, visible_job, visible_status
+from api.access import check_dataset, no_dataset, visible_job, visible_status
 from api.auth import Caller
+from api.cancels import announce_cancel
+from api.cursors import decode_cursor, encode_cursor
 from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, read
 from api.downloads import DownloadResponse, DownloadSlots
 from api.errors import RETRY_AFTER_S
@@ -38,7 +37,7 @@ from api.submissions import OutcomeUnknown, Submitter
 from core.db import Job, as_utc
 from core.deletion import delete_job
 from core.errors import DatasetGone, ModelPurged
-from core.spec import ExportFormat, JobSpec, JobStatus, model_too_large, user_dataset_id
+from core.spec import ExportFormat, JobSpec, JobStatus, user_dataset_id
 from core.store import (
     epoch_metrics,
     get_artifact,
@@ -48,7 +47,8 @@ from core.store import (
     step_rows,
 )
 from core.store.model_blob import ModelBlob
-from core.stream import MAX_STEP, STEP, EntryId, aread, ask_to_stop, latest_step, publish_status
+from core.stream import MAX_STEP, STEP, EntryId, aread, latest_step
+from core.sweeps.trials import advance
 
 log = logging.getLogger("trainq.api")
 
@@ -84,6 +84,16 @@ def job_out(job: Job, caller: Caller, r: Redis | None = None) -> JobOut:
                 "epoch": job.progress_epoch,
             },
             "result": job.result,
+            "sweep": (
+                {
+                    "id": job.sweep_id,
+                    "trial": job.trial_number,
+                    "params": job.trial_params or {},
+                    "link": f"/sweeps/{job.sweep_id}",
+                }
+                if job.sweep_id
+                else None
+            ),
             "error": (
                 {"code": job.error_code, "message": job.error_message or ""}
                 if job.error_code
@@ -125,7 +135,7 @@ async def submit_job(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Any:
     if user_dataset_id(spec.dataset) is not None:
-        await read(request.app.state.db, _check_dataset, caller, spec)
+        await read(request.app.state.db, check_dataset, caller, spec)
     submitter: Submitter = request.app.state.submitter
     try:
         job, created = await submitter.submit(
@@ -137,39 +147,12 @@ async def submit_job(
     except OutcomeUnknown as e:
         raise HTTPException(503, detail=str(e), headers={"Retry-After": RETRY_AFTER_S}) from e
     except DatasetGone as e:  # deleted between the look-up above and the row's insert
-        raise HTTPException(422, detail=[_no_dataset(spec)]) from e
+        raise HTTPException(422, detail=[no_dataset(spec)]) from e
     if not created:
         # In the thread pool for its blocking Redis read (the live step); no database read.
         return await run_in_threadpool(_replay, job, spec, caller, request.app.state.redis)
     response.headers["Location"] = f"/jobs/{job.id}"
     return job_out(job, caller)
-
-
-def _check_dataset(session: Session, caller: Caller, spec: JobSpec) -> None:
-    """An uploaded data set ("ds:<id>") must exist and be visible to the caller; 422 on the
-    field otherwise (another owner's set is reported exactly like a missing one)."""
-    ds_id = user_dataset_id(spec.dataset)
-    if ds_id is None:
-        return
-    ds = visible_dataset(session, caller, ds_id)
-    if ds is None:
-        raise HTTPException(422, detail=[_no_dataset(spec)])
-    c, h, w = ds.image_shape
-    too_large = model_too_large(spec, (c, h, w), ds.num_classes)
-    if too_large:
-        raise HTTPException(
-            422, detail=[{"loc": ["body"], "msg": too_large, "type": "model_too_large"}]
-        )
-
-
-def _no_dataset(spec: JobSpec) -> dict[str, Any]:
-    return {
-        "loc": ["body", "dataset"],
-        "msg": f"no data set {user_dataset_id(spec.dataset)}: upload one with POST /datasets, "
-        "or list yours with GET /datasets",
-        "type": "dataset_not_found",
-        "input": spec.dataset,
-    }
 
 
 def _replay(existing: Job, spec: JobSpec, caller: Caller, r: Redis) -> JSONResponse:
@@ -191,41 +174,23 @@ def get_jobs(
     session: ReaderDep,
     caller: CallerDep,
     status: JobStatus | None = None,
+    sweep_id: Annotated[uuid.UUID | None, Query(description="Only this sweep's trials.")] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> JobPage:
-    before = _decode_cursor(cursor) if cursor else None
+    before = decode_cursor(cursor) if cursor else None
     jobs = list_jobs(
         session,
         owner=caller.owner,
         all_owners=caller.admin,
         status=status,
+        sweep_id=str(sweep_id) if sweep_id else None,
         before=before,
         limit=limit + 1,
     )
     page = list(jobs[:limit])
-    nxt = _encode_cursor(page[-1]) if len(jobs) > limit else None
+    nxt = encode_cursor(page[-1].created_at, page[-1].id) if len(jobs) > limit else None
     return JobPage(items=[job_out(j, caller) for j in page], next=nxt)
-
-
-def _encode_cursor(job: Job) -> str:
-    return base64.urlsafe_b64encode(f"{job.created_at.isoformat()}|{job.id}".encode()).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[str, str]:
-    try:
-        created, _, job_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
-        dt.datetime.fromisoformat(created)
-        uuid.UUID(job_id)
-    except (ValueError, binascii.Error, UnicodeDecodeError) as e:
-        # Shaped like FastAPI's own 422s, as documented: the field named in `loc`.
-        problem = {
-            "loc": ["query", "cursor"],
-            "msg": "not a cursor from a previous page",
-            "type": "value_error",
-        }
-        raise HTTPException(422, detail=[problem]) from e
-    return created, job_id
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="One job")
@@ -329,7 +294,9 @@ async def get_events(
     description="Queued: it never runs. Running: it stops within a few batches. Both end "
     "`canceled`.",
 )
-def cancel(job_id: JobId, session: SessionDep, r: RedisDep, caller: CallerDep) -> JobOut:
+def cancel(
+    job_id: JobId, request: Request, session: SessionDep, r: RedisDep, caller: CallerDep
+) -> JobOut:
     job = visible_job(session, caller, job_id)
     outcome = request_cancel(session, job_id=job.id)
     if outcome is None:
@@ -340,10 +307,21 @@ def cancel(job_id: JobId, session: SessionDep, r: RedisDep, caller: CallerDep) -
     # the flag from the database with its heartbeat, and followers close on the database's
     # word when the stream has no end.
     try:
-        _announce_cancel(r, job, outcome)
+        announce_cancel(r, job, outcome)
     except RedisError as e:
         log.warning("job %s: canceled, but Redis was not told: %s", job.id, e)
+    if job.sweep_id and outcome is JobStatus.canceled:
+        _next_trial(request, r, job.sweep_id)
     return job_out(job, caller)
+
+
+def _next_trial(request: Request, r: Redis, sweep_id: str) -> None:
+    """A queued trial canceled: its sweep asks for the next one now (else the reconciler's
+    next pass does)."""
+    try:
+        advance(request.app.state.db, r, request.app.state.settings, sweep_id=sweep_id)
+    except Exception as e:  # the cancel stands; the reconciler tops the sweep up
+        log.warning("sweep %s: next trial left to the reconciler: %s", sweep_id, e)
 
 
 @router.delete(
@@ -364,15 +342,6 @@ def delete_one(job_id: JobId, request: Request, session: ReaderDep, caller: Call
     state = request.app.state
     delete_job(state.db, state.redis, queue=state.settings.queue, job=job)
     return Response(status_code=204)
-
-
-def _announce_cancel(r: Redis, job: Job, outcome: JobStatus) -> None:
-    if outcome is JobStatus.running:
-        ask_to_stop(r, job.id)
-        return
-    error = {"code": job.error_code, "message": job.error_message}
-    payload = {"status": JobStatus.canceled, "error": error}
-    publish_status(r, job.id, job.progress_step, payload, attempt=job.attempt)
 
 
 @router.api_route(

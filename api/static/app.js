@@ -7,7 +7,7 @@
 const KEY_STORAGE = "trainq.apiKey";
 const LIST_REFRESH_MS = 3000;
 const JOB_REFRESH_MS = 2000;
-const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
+const TERMINAL = new Set(["succeeded", "failed", "canceled", "pruned"]);
 // Shown first in the submit form; every other JobSpec field goes under "More options".
 const COMMON_FIELDS = ["dataset", "epochs", "batch_size", "lr", "optimizer", "scheduler", "amp", "seed"];
 

@@ -103,6 +103,7 @@ def list_jobs(
     status: JobStatus | None,
     before: tuple[str, str] | None,
     limit: int,
+    sweep_id: str | None = None,
 ) -> Sequence[Job]:
     """Newest first. `before` is the (created_at iso, id) of the last job of the previous page."""
     q = select(Job)
@@ -110,6 +111,8 @@ def list_jobs(
         q = q.where(Job.owner == owner)
     if status is not None:
         q = q.where(Job.status == status)
+    if sweep_id is not None:
+        q = q.where(Job.sweep_id == sweep_id)
     if before is not None:
         created, last_id = before
         ts = dt.datetime.fromisoformat(created)

@@ -1,0 +1,107 @@
+"""The sweep row and the reads of its trials (the jobs that name it)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Sequence
+from enum import StrEnum
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from core.db import EpochMetric, Job, Sweep, db_now
+from core.spec import JobStatus
+
+
+class SweepStatus(StrEnum):
+    running = "running"  # trials are queued or running, or more will be asked for
+    succeeded = "succeeded"  # the budget is spent and at least one trial completed
+    failed = "failed"  # the budget is spent and no trial completed
+    canceled = "canceled"
+
+    @property
+    def ended(self) -> bool:
+        return self is not SweepStatus.running
+
+
+IN_FLIGHT = (JobStatus.queued, JobStatus.running)
+
+
+def get_sweep(s: Session, *, sweep_id: str) -> Sweep | None:
+    return s.get(Sweep, sweep_id)
+
+
+def lock_sweep(s: Session, *, sweep_id: str) -> Sweep | None:
+    """The sweep's row, held until the commit: one decider at a time asks for its trials and
+    judges them. On SQLite the transaction holds the one write lock already."""
+    return s.scalars(
+        select(Sweep)
+        .where(Sweep.id == sweep_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).first()
+
+
+def find_sweep_by_idempotency_key(s: Session, *, owner: str | None, key: str) -> Sweep | None:
+    return s.scalars(
+        select(Sweep)
+        .where(Sweep.owner.is_(owner) if owner is None else Sweep.owner == owner)
+        .where(Sweep.idempotency_key == key)
+    ).first()
+
+
+def list_sweeps(
+    s: Session,
+    *,
+    owner: str | None,
+    all_owners: bool,
+    before: tuple[str, str] | None,
+    limit: int,
+) -> Sequence[Sweep]:
+    """Newest first; `before` is the (created_at iso, id) of the previous page's last."""
+    q = select(Sweep)
+    if not all_owners:
+        q = q.where(Sweep.owner == owner)
+    if before is not None:
+        created, last_id = before
+        ts = dt.datetime.fromisoformat(created)
+        q = q.where((Sweep.created_at < ts) | ((Sweep.created_at == ts) & (Sweep.id < last_id)))
+    return s.scalars(q.order_by(Sweep.created_at.desc(), Sweep.id.desc()).limit(limit)).all()
+
+
+def running_sweep_ids(s: Session) -> list[str]:
+    return list(s.scalars(select(Sweep.id).where(Sweep.status == SweepStatus.running)))
+
+
+def trials_of(s: Session, *, sweep_id: str) -> Sequence[Job]:
+    """The sweep's trials, by number."""
+    return s.scalars(select(Job).where(Job.sweep_id == sweep_id).order_by(Job.trial_number)).all()
+
+
+def epochs_of(s: Session, *, sweep_id: str) -> dict[str, list[EpochMetric]]:
+    """Each trial's epoch records, in order, by job id: one read for the whole sweep."""
+    rows = s.scalars(
+        select(EpochMetric)
+        .join(Job, Job.id == EpochMetric.job_id)
+        .where(Job.sweep_id == sweep_id)
+        .order_by(EpochMetric.job_id, EpochMetric.epoch)
+    )
+    out: dict[str, list[EpochMetric]] = defaultdict(list)
+    for row in rows:
+        out[row.job_id].append(row)
+    return out
+
+
+def end_sweep(s: Session, *, sweep_id: str, status: SweepStatus) -> bool:
+    """running -> `status`; False if it had ended already."""
+    res = s.execute(
+        update(Sweep)
+        .where(Sweep.id == sweep_id, Sweep.status == SweepStatus.running)
+        .values(status=status, finished_at=db_now(), waiting=None)
+    )
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def set_trial_attrs(s: Session, *, job_id: str, attrs: dict[str, object]) -> None:
+    s.execute(update(Job).where(Job.id == job_id).values(trial_attrs=attrs))

@@ -1,0 +1,300 @@
+"""A sweep's trials over the queue: made when the sweep is created and each time one ends
+(`top_up`, then `advance` puts them on the queue), judged at each epoch's end (`judge_epoch`),
+canceled together (`cancel`), and reported (`report`).
+
+Where the next trial is decided, and why a crash neither loses one nor runs one twice:
+`top_up` reads the sweep under its row lock and makes exactly the trials missing (in
+flight below `parallel`, the budget not spent), numbered from the sweep's counter, in one
+transaction; a unique index on (sweep, trial number) backs the lock. It runs after every
+trial's end (the worker), after a trial is canceled (the API), and in every reconciler
+pass, so a crash between a trial's end and the next trial's creation is healed by the next
+pass, which asks the same question and, the sampler being seeded by the trial's number,
+gets the same answer. A trial's row commits before its queue entry is written; an entry
+lost in between is the reconciler's usual case of a queued job with no live entry."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+from redis import Redis
+from redis.exceptions import RedisError
+from sqlalchemy.orm import Session
+
+from core.config import Settings
+from core.db import Database, EpochMetric, Job, Sweep, as_utc, utcnow
+from core.errors import QuotaExceeded
+from core.queue import enqueue_job
+from core.quotas import JobQuotas
+from core.spec import JobStatus
+from core.store import insert_jobs, new_job, request_cancel, spec_hash
+from core.store.sweeps import (
+    IN_FLIGHT,
+    SweepStatus,
+    end_sweep,
+    epochs_of,
+    lock_sweep,
+    set_trial_attrs,
+    trials_of,
+)
+from core.sweeps.search import Phase, TrialRecord, Verdict, ask, judge
+from core.sweeps.spec import SweepSpec
+
+log = logging.getLogger("trainq.sweeps")
+
+PHASES = {
+    JobStatus.queued: Phase.running,
+    JobStatus.running: Phase.running,
+    JobStatus.succeeded: Phase.complete,
+    JobStatus.pruned: Phase.pruned,
+    JobStatus.failed: Phase.failed,
+    JobStatus.canceled: Phase.failed,
+}
+
+
+def sweep_spec(sweep: Sweep) -> SweepSpec:
+    return SweepSpec.model_validate(sweep.spec)
+
+
+def records(
+    spec: SweepSpec, trials: Sequence[Job], epochs: dict[str, list[EpochMetric]]
+) -> list[TrialRecord]:
+    metric = spec.objective.metric.value
+    return [
+        TrialRecord(
+            number=int(job.trial_number or 0),
+            state=PHASES[JobStatus(job.status)],
+            params=dict(job.trial_params or {}),
+            attrs=dict(job.trial_attrs or {}),
+            values={e.epoch: float(getattr(e, metric)) for e in epochs.get(job.id, [])},
+        )
+        for job in trials
+    ]
+
+
+def create(
+    s: Session,
+    settings: Settings,
+    *,
+    spec: SweepSpec,
+    owner: str | None,
+    quota_owner: str | None,
+    idempotency_key: str | None,
+) -> tuple[Sweep, list[Job]]:
+    """A new sweep and its first trials, in the caller's transaction. Raises QuotaExceeded
+    when not even one trial may be queued now."""
+    sweep = Sweep(
+        id=str(uuid.uuid4()),
+        owner=owner,
+        quota_owner=quota_owner,
+        spec=spec.model_dump(mode="json"),
+        status=SweepStatus.running,
+        idempotency_key=idempotency_key,
+        request_hash=spec_hash(spec.model_dump(mode="json")),
+        trials_created=0,
+        created_at=utcnow(),
+    )
+    s.add(sweep)
+    s.flush()
+    first = top_up(s, settings, sweep_id=sweep.id, refuse=True)
+    return sweep, first
+
+
+def top_up(s: Session, settings: Settings, *, sweep_id: str, refuse: bool = False) -> list[Job]:
+    """Make the trials the sweep is missing now, and end it once its budget is spent and no
+    trial is in flight. The new jobs are in the session; the caller commits, then puts them
+    on the queue (`enqueue`). A quota that refuses a trial leaves it for a later top-up
+    (`refuse`: raise if it refuses the first)."""
+    sweep = lock_sweep(s, sweep_id=sweep_id)
+    if sweep is None or sweep.status != SweepStatus.running:
+        return []
+    spec = sweep_spec(sweep)
+    trials = trials_of(s, sweep_id=sweep_id)
+    in_flight = sum(1 for t in trials if t.status in IN_FLIGHT)
+    wanted = min(spec.parallel - in_flight, spec.trials - sweep.trials_created)
+    if wanted <= 0:
+        if in_flight == 0 and sweep.trials_created >= spec.trials:
+            done = any(t.status == JobStatus.succeeded for t in trials)
+            end_sweep(
+                s, sweep_id=sweep_id, status=SweepStatus.succeeded if done else SweepStatus.failed
+            )
+        return []
+    known = records(spec, trials, epochs_of(s, sweep_id=sweep_id))
+    quotas = JobQuotas(s, settings, [sweep.quota_owner]) if sweep.quota_owner else None
+    made: list[Job] = []
+    waiting = None
+    for _ in range(wanted):
+        if quotas is not None and sweep.quota_owner is not None:
+            try:
+                quotas.take(sweep.quota_owner)
+            except QuotaExceeded as e:
+                if refuse and not made:
+                    raise
+                waiting = e.message
+                break
+        number = sweep.trials_created
+        asked = ask(spec, sweep.id, known, number)
+        made.append(_trial_job(sweep, spec, number, asked.params, asked.attrs))
+        known.append(TrialRecord(number, Phase.running, asked.params, asked.attrs))
+        sweep.trials_created = number + 1
+    sweep.waiting = waiting
+    if made:
+        insert_jobs(s, jobs=made)
+    s.flush()
+    return made
+
+
+def _trial_job(
+    sweep: Sweep, spec: SweepSpec, number: int, params: dict[str, Any], attrs: dict[str, Any]
+) -> Job:
+    try:
+        trial_spec: Any = spec.trial_spec(params)
+    except ValidationError:
+        # Outside JobSpec for a reason the space's check could not see (an uploaded set's
+        # shape): the job is made as asked and its worker fails it with the reason.
+        trial_spec = {**spec.base.model_dump(mode="json"), **spec.fixed, **params}
+    job = new_job(
+        job_id=str(uuid.uuid4()), spec=trial_spec, owner=sweep.owner, idempotency_key=None
+    )
+    job.sweep_id = sweep.id
+    job.trial_number = number
+    job.trial_params = params
+    job.trial_attrs = attrs
+    return job
+
+
+def enqueue(r: Redis, settings: Settings, jobs: Sequence[Job]) -> None:
+    """The committed trials onto the queue. An entry lost here (Redis away) is the
+    reconciler's: it enqueues a queued job with no live entry after its grace."""
+    for job in jobs:
+        try:
+            enqueue_job(
+                r,
+                queue=settings.queue,
+                job_id=job.id,
+                spec=job.spec,
+                owner=job.owner,
+                timeout_s=settings.job_timeout_s,
+            )
+        except RedisError as e:
+            log.warning("trial %s committed but not enqueued (%s); the reconciler will", job.id, e)
+            return
+
+
+def advance(db: Database, r: Redis, settings: Settings, *, sweep_id: str) -> int:
+    """Top the sweep up and queue what it made; the number of new trials."""
+    with db.writer() as s:
+        made = top_up(s, settings, sweep_id=sweep_id)
+    enqueue(r, settings, made)
+    if made:
+        log.info("sweep %s: queued trials %s", sweep_id, [j.trial_number for j in made])
+    return len(made)
+
+
+def judge_epoch(s: Session, *, job: Job, epoch: int) -> tuple[Verdict, str] | None:
+    """At a trial's epoch end, in the transaction that stored the epoch: the pruner's verdict
+    and, if it prunes, the reason; None when the sweep has no pruner (or ended). What the
+    pruner kept on the trial is stored with it."""
+    if job.sweep_id is None or job.trial_number is None:
+        return None
+    sweep = lock_sweep(s, sweep_id=job.sweep_id)
+    if sweep is None or sweep.status != SweepStatus.running:
+        return None
+    spec = sweep_spec(sweep)
+    if spec.pruner.name == "none":
+        return None
+    known = records(spec, trials_of(s, sweep_id=sweep.id), epochs_of(s, sweep_id=sweep.id))
+    mine = next((t for t in known if t.number == job.trial_number), None)
+    if mine is None or epoch not in mine.values:
+        return None
+    verdict = judge(spec, sweep.id, known, job.trial_number)
+    set_trial_attrs(s, job_id=job.id, attrs=verdict.attrs)
+    metric = spec.objective.metric.value
+    why = (
+        f"pruned by {spec.pruner.name} at epoch {epoch}: {metric} {mine.values[epoch]:.4g} "
+        "is behind the other trials at this epoch"
+    )
+    return verdict, why
+
+
+def cancel(s: Session, *, sweep_id: str) -> list[tuple[Job, JobStatus]] | None:
+    """Stop the sweep: no more trials; queued ones end canceled, running ones are asked to
+    stop. None if it had ended. Returns each trial moved, with its status after."""
+    if not end_sweep(s, sweep_id=sweep_id, status=SweepStatus.canceled):
+        return None
+    moved = []
+    for job in trials_of(s, sweep_id=sweep_id):
+        if job.status in IN_FLIGHT:
+            outcome = request_cancel(s, job_id=job.id)
+            if outcome is not None:
+                moved.append((job, outcome))
+    return moved
+
+
+def report(s: Session, sweep: Sweep) -> dict[str, Any]:
+    """The sweep as the API shows it: status, budget, best trial, and every trial with its
+    values and its objective at each epoch's end."""
+    spec = sweep_spec(sweep)
+    trials = trials_of(s, sweep_id=sweep.id)
+    epochs = epochs_of(s, sweep_id=sweep.id)
+    metric, goal = spec.objective.metric.value, spec.objective.goal
+    rows = [_trial_row(job, epochs.get(job.id, []), metric) for job in trials]
+    done = [r for r in rows if r["status"] == JobStatus.succeeded and r["value"] is not None]
+    pick = max if goal == "maximize" else min
+    best = pick(done, key=lambda r: r["value"]) if done else None
+    in_flight = sum(1 for r in rows if r["status"] in IN_FLIGHT)
+    base = f"/sweeps/{sweep.id}"
+    return {
+        "id": sweep.id,
+        "status": sweep.status,
+        "spec": sweep.spec,
+        "objective": {"metric": metric, "direction": goal.value},
+        "created_at": as_utc(sweep.created_at),
+        "finished_at": as_utc(sweep.finished_at),
+        "waiting": sweep.waiting,
+        "budget": {
+            "trials": spec.trials,
+            "created": sweep.trials_created,
+            "in_flight": in_flight,
+            "ended": sum(1 for r in rows if r["status"] not in IN_FLIGHT),
+            "pruned": sum(1 for r in rows if r["status"] == JobStatus.pruned),
+            "epochs": sum(len(r["values"]) for r in rows),
+        },
+        "best": None
+        if best is None
+        else {
+            "number": best["number"],
+            "job_id": best["job_id"],
+            "value": best["value"],
+            "params": best["params"],
+            "links": {"job": best["links"]["job"], "model": f"/jobs/{best['job_id']}/model"},
+        },
+        "trials": rows,
+        "links": {
+            "self": base,
+            "events": f"{base}/events",
+            "cancel": f"{base}/cancel",
+            "jobs": f"/jobs?sweep_id={sweep.id}",
+        },
+    }
+
+
+def _trial_row(job: Job, epochs: list[EpochMetric], metric: str) -> dict[str, Any]:
+    values = [float(getattr(e, metric)) for e in epochs]
+    return {
+        "number": job.trial_number,
+        "job_id": job.id,
+        "status": job.status,
+        "params": job.trial_params or {},
+        "value": values[-1] if values else None,
+        "values": values,
+        "train_loss": [e.train_loss for e in epochs],
+        "test_loss": [e.test_loss for e in epochs],
+        "error": {"code": job.error_code, "message": job.error_message or ""}
+        if job.error_code
+        else None,
+        "links": {"job": f"/jobs/{job.id}"},
+    }
