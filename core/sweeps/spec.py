@@ -75,7 +75,7 @@ class Dimension(BaseModel):
     @property
     def bounds(self) -> tuple[Any, Any]:
         value = getattr(self, self.form)
-        return (min(value), max(value)) if self.choice is None else (value[0], value[-1])
+        return value[0], value[-1]
 
     def extremes(self) -> list[Scalar]:
         """The values a corner of the space takes here: the bounds of a range, or of numeric
