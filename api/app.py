@@ -36,6 +36,7 @@ def lifespan(settings: Settings, redis_url: str) -> Lifespan:
         app.state.submitter = Submitter(app.state.db, redis_url, settings)
         app.state.events = EventHub(app.state.db, app.state.aredis, settings)
         app.state.downloads = DownloadSlots(settings)
+        app.state.sweep_reports = sweeps.SweepReports(app.state.db)
         # Everything made so far lives as long as the process: out of the collector's sight,
         # full collections no longer walk it (each walk stalled every request in flight).
         gc.freeze()

@@ -13,6 +13,7 @@ from core.config import Settings
 from core.db import Database
 from core.logs import current_job
 from core.spec import JobSpec
+from core.store import get_job
 from core.sweeps.trials import advance
 from worker.admission import admit
 from worker.attempt import Attempt, claim
@@ -58,6 +59,7 @@ def train(
 def _run(a: Attempt) -> dict[str, Any]:
     spec = admit(a)
     if not isinstance(spec, JobSpec):
+        _after_refusal(a)
         return spec  # refused
     claimed = claim(a)
     if claimed is None:
@@ -66,6 +68,18 @@ def _run(a: Attempt) -> dict[str, Any]:
     if claimed.job.sweep_id is not None:
         _next_trials(a, claimed.job.sweep_id)
     return outcome
+
+
+def _after_refusal(a: Attempt) -> None:
+    """A trial refused at admission (its spec cannot run here) ended failed: the next one."""
+    try:
+        with a.db.reader() as s:
+            job = get_job(s, job_id=a.job_id)
+            sweep_id = job.sweep_id if job is not None else None
+    except Exception:  # the database away: the reconciler's pass tops the sweep up
+        return
+    if sweep_id is not None:
+        _next_trials(a, sweep_id)
 
 
 def _next_trials(a: Attempt, sweep_id: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -24,7 +25,7 @@ from api.cursors import decode_cursor, encode_cursor
 from api.deps import CallerDep, ReaderDep, RedisDep, SessionDep, read
 from api.events import EventHub, EventStreamResponse
 from api.schemas import QUOTA_REFUSAL, Problem, QuotaProblem, SweepOut, SweepPage
-from core.db import Sweep
+from core.db import Database, Sweep
 from core.spec import user_dataset_id
 from core.store import spec_hash
 from core.store.sweeps import (
@@ -192,21 +193,51 @@ async def get_events(sweep_id: SweepId, request: Request, caller: CallerDep) -> 
     await read(db, visible_sweep, caller, sweep_id)
     hub: EventHub = request.app.state.events
     hub.admit(caller.owner)
-    return EventStreamResponse(hub, caller.owner, _follow(request, caller, str(sweep_id)))
+    reports: SweepReports = request.app.state.sweep_reports
+    return EventStreamResponse(hub, caller.owner, _follow(reports, str(sweep_id)))
 
 
-async def _follow(request: Request, caller: Caller, sweep_id: str) -> AsyncIterator[str]:
-    db, last, quiet = request.app.state.db, "", 0.0
+class SweepReports:
+    """The reports that one API process's followers of sweeps are sent: one database read a
+    sweep per EVENT_POLL_S, however many follow it."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._cache: dict[str, tuple[float, str | None]] = {}  # sweep -> (when, report)
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def get(self, sweep_id: str) -> str | None:
+        """The sweep's report as JSON text, at most EVENT_POLL_S old; None once it is gone."""
+        lock = self._locks.setdefault(sweep_id, asyncio.Lock())
+        async with lock:
+            hit = self._cache.get(sweep_id)
+            if hit is not None and time.monotonic() - hit[0] < EVENT_POLL_S:
+                return hit[1]
+            body = await read(self._db, _reported, sweep_id)
+            text = None if body is None else json.dumps(body, separators=(",", ":"))
+            self._cache[sweep_id] = (time.monotonic(), text)
+            self._forget_old()
+            return text
+
+    def _forget_old(self) -> None:
+        stale = [k for k, (at, _) in self._cache.items() if time.monotonic() - at > 60]
+        for k in stale:
+            del self._cache[k]
+            lock = self._locks.get(k)
+            if lock is not None and not lock.locked():
+                del self._locks[k]
+
+
+async def _follow(reports: SweepReports, sweep_id: str) -> AsyncIterator[str]:
+    last, quiet = "", 0.0
     while True:
-        try:
-            body = await read(db, _reported, caller, sweep_id)
-        except HTTPException:  # deleted meanwhile
+        text = await reports.get(sweep_id)
+        if text is None:  # deleted meanwhile
             return
-        text = json.dumps(body, separators=(",", ":"))
         if text != last:
             last, quiet = text, 0.0
             yield f"event: sweep\ndata: {text}\n\n"
-            if body["status"] != SweepStatus.running:
+            if json.loads(text)["status"] != SweepStatus.running:
                 return
         elif quiet >= KEEPALIVE_S:
             quiet = 0.0
@@ -215,7 +246,9 @@ async def _follow(request: Request, caller: Caller, sweep_id: str) -> AsyncItera
         quiet += EVENT_POLL_S
 
 
-def _reported(session: Session, caller: Caller, sweep_id: str) -> dict[str, Any]:
-    sweep = visible_sweep(session, caller, sweep_id)
+def _reported(session: Session, sweep_id: str) -> dict[str, Any] | None:
+    sweep = get_sweep(session, sweep_id=sweep_id)
+    if sweep is None:
+        return None
     body: dict[str, Any] = jsonable_encoder(SweepOut.model_validate(trials.report(session, sweep)))
     return body
