@@ -121,6 +121,15 @@ class Settings(BaseSettings):
         None, gt=0, description="Hours of training a key may use in any 24 hours."
     )
 
+    sweep_max_running_per_key: int = Field(
+        20,
+        ge=1,
+        le=10_000,
+        description="Sweeps one key may have running at once; another POST /sweeps answers "
+        "429 (admin keys have no limit). Every running sweep is looked at in each reconciler "
+        "pass.",
+    )
+
     retention_days: float | None = Field(
         None,
         gt=0,

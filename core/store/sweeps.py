@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from enum import StrEnum
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from core.db import EpochMetric, Job, Sweep, db_now
@@ -72,6 +72,11 @@ def list_sweeps(
 
 def running_sweep_ids(s: Session) -> list[str]:
     return list(s.scalars(select(Sweep.id).where(Sweep.status == SweepStatus.running)))
+
+
+def count_running_sweeps(s: Session, *, owner: str) -> int:
+    q = select(func.count()).select_from(Sweep)
+    return int(s.scalar(q.where(Sweep.owner == owner, Sweep.status == SweepStatus.running)) or 0)
 
 
 def trials_of(s: Session, *, sweep_id: str) -> Sequence[Job]:

@@ -28,12 +28,13 @@ from core.config import Settings
 from core.db import Database, EpochMetric, Job, Sweep, as_utc, utcnow
 from core.errors import QuotaExceeded
 from core.queue import enqueue_job
-from core.quotas import JobQuotas
+from core.quotas import JobQuotas, lock_owner
 from core.spec import JobStatus
 from core.store import insert_jobs, new_job, request_cancel, spec_hash
 from core.store.sweeps import (
     IN_FLIGHT,
     SweepStatus,
+    count_running_sweeps,
     end_sweep,
     epochs_of,
     lock_sweep,
@@ -85,7 +86,9 @@ def create(
     idempotency_key: str | None,
 ) -> tuple[Sweep, list[Job]]:
     """A new sweep and its first trials, in the caller's transaction. Raises QuotaExceeded
-    when not even one trial may be queued now."""
+    past the key's running sweeps, or when not even one trial may be queued now."""
+    if quota_owner is not None:
+        _room_for_a_sweep(s, settings, quota_owner)
     sweep = Sweep(
         id=str(uuid.uuid4()),
         owner=owner,
@@ -101,6 +104,22 @@ def create(
     s.flush()
     first = top_up(s, settings, sweep_id=sweep.id, refuse=True)
     return sweep, first
+
+
+def _room_for_a_sweep(s: Session, settings: Settings, owner: str) -> None:
+    lock_owner(s, owner)  # two creations at once count each other
+    running = count_running_sweeps(s, owner=owner)
+    limit = settings.sweep_max_running_per_key
+    if running >= limit:
+        raise QuotaExceeded(
+            f"key {owner} has {running} sweeps running, its limit "
+            f"(TRAINQ_SWEEP_MAX_RUNNING_PER_KEY): cancel one, or wait for one to end",
+            limit="sweep_max_running_per_key",
+            value=limit,
+            usage=running,
+            owner=owner,
+            retry_after_s=None,
+        )
 
 
 def top_up(s: Session, settings: Settings, *, sweep_id: str, refuse: bool = False) -> list[Job]:

@@ -244,3 +244,26 @@ def test_trials_count_against_the_quota(db: Database, settings: Settings, limite
         claim_job(s, job_id=first[0].id, worker="w", device="cpu")
     (second,) = top_up(db, settings, sweep.id)  # the queued one started: room for one more
     assert second.trial_number == 1
+
+
+def test_a_key_runs_a_bounded_number_of_sweeps(db: Database) -> None:
+    settings = Settings(sweep_max_running_per_key=2)
+    spec = SweepSpec.model_validate({"space": SPACE, "trials": 4, "parallel": 1})
+    owner = "sweeps-o"
+
+    def create() -> Sweep:
+        with db.writer() as s:
+            sweep, _ = trials.create(
+                s, settings, spec=spec, owner=owner, quota_owner=owner, idempotency_key=None
+            )
+            return sweep
+
+    first, _second = create(), create()
+    with pytest.raises(QuotaExceeded) as e:
+        create()
+    assert e.value.limit == "sweep_max_running_per_key" and e.value.usage == 2
+    with db.writer() as s:
+        trials.cancel(s, sweep_id=first.id)
+    create()  # a canceled sweep no longer counts
+    with db.writer() as s:  # an admin's (no quota owner) are not counted against anyone
+        trials.create(s, settings, spec=spec, owner=owner, quota_owner=None, idempotency_key=None)
