@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, load_only
 
 from core.db import EpochMetric, Job, Sweep, db_now
 from core.spec import JobStatus
@@ -79,9 +79,21 @@ def count_running_sweeps(s: Session, *, owner: str) -> int:
     return int(s.scalar(q.where(Sweep.owner == owner, Sweep.status == SweepStatus.running)) or 0)
 
 
+# What deciding and reporting read of a trial: not its spec, result or run record.
+_TRIAL_COLUMNS = (
+    Job.id, Job.owner, Job.status, Job.sweep_id, Job.trial_number, Job.trial_params,
+    Job.trial_attrs, Job.error_code, Job.error_message,
+)  # fmt: skip
+
+
 def trials_of(s: Session, *, sweep_id: str) -> Sequence[Job]:
-    """The sweep's trials, by number."""
-    return s.scalars(select(Job).where(Job.sweep_id == sweep_id).order_by(Job.trial_number)).all()
+    """The sweep's trials, by number (the columns a decision or a report reads)."""
+    return s.scalars(
+        select(Job)
+        .options(load_only(*_TRIAL_COLUMNS))
+        .where(Job.sweep_id == sweep_id)
+        .order_by(Job.trial_number)
+    ).all()
 
 
 def epochs_of(s: Session, *, sweep_id: str) -> dict[str, list[EpochMetric]]:

@@ -16,7 +16,7 @@ from core.db import Database, EpochMetric, Job, Quota, Sweep
 from core.errors import QuotaExceeded
 from core.spec import JobSpec, JobStatus
 from core.store import claim_job, end_job
-from core.store.sweeps import SweepStatus, trials_of
+from core.store.sweeps import SweepStatus
 from core.sweeps import trials
 from core.sweeps.spec import SweepSpec
 
@@ -39,7 +39,7 @@ def sweep_of(db: Database, settings: Settings, **fields: object) -> tuple[str, l
 
 def in_db(db: Database, sweep_id: str) -> list[Job]:
     with db.reader() as s:
-        return list(trials_of(s, sweep_id=sweep_id))
+        return list(s.scalars(select(Job).where(Job.sweep_id == sweep_id)))
 
 
 def finish(db: Database, job_id: str, values: list[float], status: JobStatus) -> None:
