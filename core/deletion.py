@@ -20,6 +20,7 @@ from core.errors import JobActive
 from core.queue import remove_entries
 from core.spec import JobStatus
 from core.store.deletion import delete_ended_job
+from core.store.sweeps import SweepStatus, get_sweep
 from core.stream import forget_job
 
 log = logging.getLogger("trainq.deletion")
@@ -43,6 +44,8 @@ def delete_job(db: Database, r: Redis, *, queue: str, job: Job) -> None:
         raise JobActive(
             f"job {job.id} is {job.status}: cancel it first (POST /jobs/{job.id}/cancel)"
         )
+    if job.sweep_id is not None:
+        _not_while_its_sweep_runs(db, job)
     remove_entries(r, queue=queue, entry_ids=entry_ids(job))
     with db.writer() as s:
         if not delete_ended_job(s, job_id=job.id):
@@ -51,3 +54,16 @@ def delete_job(db: Database, r: Redis, *, queue: str, job: Job) -> None:
         forget_job(r, job.id)
     except RedisError as e:
         log.warning("job %s deleted; its stream was not (%s): it expires within an hour", job.id, e)
+
+
+def _not_while_its_sweep_runs(db: Database, job: Job) -> None:
+    """A running sweep's search reads every trial it made (a grid would ask a deleted
+    trial's point again): its trials stay until it ends."""
+    with db.reader() as s:
+        sweep = get_sweep(s, sweep_id=str(job.sweep_id))
+    if sweep is not None and sweep.status == SweepStatus.running:
+        raise JobActive(
+            f"job {job.id} is trial {job.trial_number} of sweep {sweep.id}, which still runs "
+            f"and searches from its trials: delete it once the sweep has ended, or cancel the "
+            f"sweep first (POST /sweeps/{sweep.id}/cancel)"
+        )

@@ -37,7 +37,11 @@ log = logging.getLogger("trainq.worker")
 def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
     """Train the claimed attempt from its last checkpoint, and store how it ended. Every
     outcome ends in the job row; nothing is retried by RQ."""
-    rec = Recorder(a, spec, sweep_id=claim.job.sweep_id)
+    job = claim.job
+    trial = (
+        (job.sweep_id, job.trial_number) if job.sweep_id and job.trial_number is not None else None
+    )
+    rec = Recorder(a, spec, trial=trial)
     rec.status(
         claim.start_step,
         {
@@ -61,8 +65,7 @@ def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
         )
         return _succeed(a, rec, result)
     except JobSuperseded as e:
-        log.warning("job %s: %s; stopping this attempt", a.job_id, e.message)
-        return {"status": "superseded"}
+        return _superseded(a, rec, e)
     except DatabaseAway as e:
         log.error(
             "job %s: attempt %d could not write to the database (%s); it stays running with "
@@ -105,6 +108,27 @@ def _succeed(a: Attempt, rec: Recorder, result: TrainResult) -> dict[str, Any]:
     status = JobStatus.succeeded if ok else _status_of(a)
     rec.status(result.steps, {"status": status, "result": summary})
     return {"status": status, **summary}
+
+
+def _superseded(a: Attempt, rec: Recorder, e: JobSuperseded) -> dict[str, Any]:
+    """A write found the job no longer this attempt's. It may be this attempt's own end,
+    committed with its reply lost (the epoch that pruned it), then retried: if the row ended
+    under this attempt, that end is published; otherwise another owns the job now."""
+    try:
+        with a.db.reader() as s:
+            job = get_job(s, job_id=a.job_id)
+    except SQLAlchemyError:
+        job = None
+    if job is not None and job.attempt == a.number and JobStatus(job.status).terminal:
+        error = {"code": job.error_code, "message": job.error_message or ""}
+        payload = {"status": job.status, "error": error if job.error_code else None}
+        try:
+            publish_status(a.r, a.job_id, rec.last_step, payload, attempt=a.number)
+        except RedisError as re:
+            log.warning("job %s: could not publish its end: %s", a.job_id, re)
+        return {"status": job.status}
+    log.warning("job %s: %s; stopping this attempt", a.job_id, e.message)
+    return {"status": "superseded"}
 
 
 def _pruned(a: Attempt, rec: Recorder, e: TrialPruned) -> dict[str, Any]:

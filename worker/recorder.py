@@ -11,9 +11,10 @@ from sqlalchemy.orm import Session
 
 from core.errors import JobSuperseded, TrialPruned
 from core.spec import JobSpec, JobStatus
-from core.store import end_job, get_job, save_epoch, save_steps, set_total_steps
-from core.store.sweeps import lock_sweep
+from core.store import end_job, save_epoch, save_steps, set_total_steps
+from core.store.sweeps import set_trial_attrs
 from core.stream import Publisher, epoch_entry, status_entry, step_entries
+from core.sweeps.search import Verdict
 from core.sweeps.trials import judge_epoch
 from core.train import Callbacks, EpochMetrics, StepMetrics
 from core.train.loop import RunInfo
@@ -33,11 +34,11 @@ class Recorder:
     Redis is best effort here: while it is away, points wait in memory and go out when it
     is back; the database keeps the full history either way."""
 
-    def __init__(self, a: Attempt, spec: JobSpec, sweep_id: str | None = None) -> None:
+    def __init__(self, a: Attempt, spec: JobSpec, trial: tuple[str, int] | None = None) -> None:
         self.attempt = a
         self.spec = spec
         self.batch_size = spec.batch_size
-        self.sweep_id = sweep_id  # a sweep's trial: its pruner judges each epoch's end
+        self.trial = trial  # (sweep id, trial number): its sweep's pruner judges each epoch
         self.total_steps: int | None = None
         self.stream = Publisher(a.r, a.job_id, a.number, a.settings.metrics_maxlen, row=a.row)
         self.heart = Heartbeat(
@@ -115,14 +116,11 @@ class Recorder:
         if m is None or m.epoch != epoch:
             raise RuntimeError("checkpoint without its epoch metrics")
         steps = [p for p in self.unsaved if p.step <= m.step]
+        judged = self._judge(m)
 
         def store(s: Session) -> str | None:
-            if self.sweep_id is not None:
-                # The sweep's row before the job's, as every writer of both takes them
-                # (core.sweeps.trials): a cancel of the sweep never deadlocks with this.
-                lock_sweep(s, sweep_id=self.sweep_id)
             save_epoch(s, job_id=a.job_id, attempt=a.number, epoch=m, steps=steps, checkpoint=blob)
-            return self._judge(s, m)
+            return self._verdict(s, m, judged) if judged is not None else None
 
         pruned = a.write(store)
         self.unsaved = [p for p in self.unsaved if p.step > m.step]
@@ -132,21 +130,28 @@ class Recorder:
         if pruned is not None:
             raise TrialPruned(pruned)
 
-    def _judge(self, s: Session, m: EpochMetrics) -> str | None:
-        """A trial's pruner, in the epoch's own transaction: a pruned trial ends `pruned`
-        with the epoch that judged it, or neither is stored (a crash before the commit
-        trains the epoch again and asks again). The last epoch is judged too, so that its
-        value competes at its rung, but never pruned: the run ends there, with its model."""
-        if self.sweep_id is None:
+    def _judge(self, m: EpochMetrics) -> tuple[Verdict, str] | None:
+        """A trial's pruner on this epoch, from a read of its sweep (no lock held)."""
+        if self.trial is None:
             return None
-        job = get_job(s, job_id=self.attempt.job_id)
-        judged = judge_epoch(s, job=job, epoch=m.epoch) if job is not None else None
+        sweep_id, number = self.trial
+        with self.attempt.db.reader() as s:
+            return judge_epoch(s, sweep_id=sweep_id, number=number, epoch=m.epoch, metrics=m)
+
+    def _verdict(self, s: Session, m: EpochMetrics, judged: tuple[Verdict, str]) -> str | None:
+        """In the epoch's own transaction: what the pruner keeps on the trial, and a pruned
+        trial's end, stored with the epoch that judged it, or none of them (a crash before
+        the commit trains the epoch again and asks again). The last epoch is judged too, so
+        that its value competes at its rung, but never pruned: the run ends there, with its
+        model."""
+        verdict, why = judged
+        a = self.attempt
+        set_trial_attrs(s, job_id=a.job_id, attrs=verdict.attrs)
         last = m.epoch >= self.spec.epochs or (
             self.total_steps is not None and m.step >= self.total_steps
         )
-        if judged is None or not judged[0].prune or last:
+        if not verdict.prune or last:
             return None
-        a, why = self.attempt, judged[1]
         end_job(
             s,
             job_id=a.job_id,

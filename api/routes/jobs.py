@@ -310,9 +310,11 @@ def cancel(
         announce_cancel(r, job, outcome)
     except RedisError as e:
         log.warning("job %s: canceled, but Redis was not told: %s", job.id, e)
+    out = job_out(job, caller)
     if job.sweep_id and outcome is JobStatus.canceled:
+        session.close()  # on SQLite it holds the one write lock the next trial needs
         _next_trial(request, r, job.sweep_id)
-    return job_out(job, caller)
+    return out
 
 
 def _next_trial(request: Request, r: Redis, sweep_id: str) -> None:

@@ -112,8 +112,14 @@ def create_sweep(
             raise
         return _replay(session, found, spec)
     trials.enqueue(r, settings, first)
+    if len(first) == trials.ASKS_PER_TRANSACTION:  # the rest of `parallel`, a few at a time
+        session.close()
+        try:
+            trials.advance(request.app.state.db, r, settings, sweep_id=sweep.id)
+        except Exception as e:  # the sweep stands; the reconciler's pass makes the rest
+            log.warning("sweep %s: its first trials are left to the reconciler: %s", sweep.id, e)
     response.headers["Location"] = f"/sweeps/{sweep.id}"
-    return trials.report(session, sweep)
+    return trials.report(session, get_sweep(session, sweep_id=sweep.id) or sweep)
 
 
 def _replay(session: Session, found: Sweep, spec: SweepSpec) -> JSONResponse:

@@ -5,15 +5,19 @@ trial's values; `bound_problems` refuses a space that could sample a spec JobSpe
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
+import math
 import types
 from enum import StrEnum
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, cast, get_args, get_origin
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -21,7 +25,8 @@ from pydantic import (
 
 from core.spec import JobSpec
 
-MAX_DIMENSIONS = 12  # the corners of the space (2**12) are all checked against JobSpec
+MAX_DIMENSIONS = 12
+MAX_CORNERS = 4096  # the corners of the space checked against JobSpec, each a validation
 MAX_CHOICES = 64
 MAX_TRIALS = 500
 MAX_PARALLEL = 64
@@ -83,9 +88,9 @@ class Dimension(BaseModel):
         if self.choice is None:
             return list(dict.fromkeys(self.bounds))
         numbers = [v for v in self.choice if isinstance(v, int | float) and not isinstance(v, bool)]
-        if len(numbers) == len(self.choice):
-            return list(dict.fromkeys([min(numbers), max(numbers)]))
-        return list(self.choice)
+        others = [v for v in self.choice if v not in numbers or isinstance(v, bool)]
+        ends = [min(numbers), max(numbers)] if numbers else []
+        return list(dict.fromkeys([*ends, *others]))
 
 
 class Direction(StrEnum):
@@ -195,7 +200,9 @@ class SweepSpec(BaseModel):
             problem = _form_problem(name, dim)
             if problem:
                 raise ValueError(f"{name}: {problem}")
-        return space
+        # Every value as JobSpec reads it ("5" is 5 to an integer field): what the search
+        # samples, the corners checked and the trials' specs then agree.
+        return {name: _as_jobspec_reads(name, value) for name, value in space.items()}
 
     @model_validator(mode="after")
     def _grid_fits(self) -> SweepSpec:
@@ -237,6 +244,32 @@ class SweepSpec(BaseModel):
         return JobSpec.model_validate({**self.base.model_dump(mode="json"), **self.fixed, **params})
 
 
+def _as_jobspec_reads(name: str, value: Dimension | Scalar) -> Dimension | Scalar:
+    """The value (or each choice) in the type of JobSpec's field; its bounds are left to
+    bound_problems, which names where they fail."""
+    adapter = _type_of(name)
+
+    def read(v: Scalar, what: str) -> Scalar:
+        try:
+            return cast(Scalar, adapter.dump_python(adapter.validate_python(v), mode="json"))
+        except ValidationError as e:
+            raise ValueError(f"{name}: {what} {v!r}: {e.errors()[0]['msg']}") from e
+
+    if not isinstance(value, Dimension):
+        return read(value, "value")
+    if value.choice is None:
+        return value
+    choices = [read(v, "choice") for v in value.choice]
+    if len({json.dumps(v) for v in choices}) != len(choices):
+        raise ValueError(f"{name}: each choice at most once (as {name} reads them: {choices})")
+    return Dimension(choice=choices)
+
+
+@functools.cache
+def _type_of(name: str) -> TypeAdapter[Any]:
+    return TypeAdapter(cast(Any, JobSpec.model_fields[name].annotation))
+
+
 def _form_problem(name: str, dim: Dimension) -> str | None:
     """A range whose form does not fit the field's type (a fraction for an integer field,
     numbers for a choice of names)."""
@@ -273,6 +306,17 @@ def bound_problems(spec: SweepSpec) -> list[dict[str, Any]]:
     if problems:
         return problems
     names = list(spec.dimensions)
+    corners = math.prod(len(spec.dimensions[n].extremes()) for n in names)
+    if corners > MAX_CORNERS:
+        return [
+            {
+                "loc": ["body", "space"],
+                "msg": f"the space has {corners:,} corners to check against JobSpec (each "
+                f"range's ends, each numeric choice's ends, every other choice): at most "
+                f"{MAX_CORNERS:,}; search fewer names and flags at once",
+                "type": "space_too_large",
+            }
+        ]
     for corner in itertools.product(*(spec.dimensions[n].extremes() for n in names)):
         values = dict(zip(names, corner, strict=True))
         try:
@@ -304,7 +348,7 @@ def _alone(spec: SweepSpec, base: dict[str, Any]) -> list[dict[str, Any]]:
         ]
     problems = []
     for name, dim in spec.dimensions.items():
-        for value in dim.extremes():
+        for value in dim.choice if dim.choice is not None else dim.extremes():
             try:
                 JobSpec.model_validate({**base, name: value})
             except ValidationError as e:

@@ -45,6 +45,22 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # The schema before this one has no sweeps and no `pruned` status: dropping them would
+    # forget which jobs were whose trials and leave jobs in a status that code cannot read.
+    # Refuse, naming them.
+    bind = op.get_bind()
+    sweeps = [row[0] for row in bind.execute(sa.text("SELECT id FROM sweeps"))]
+    pruned = [
+        row[0] for row in bind.execute(sa.text("SELECT id FROM jobs WHERE status = 'pruned'"))
+    ]
+    if sweeps or pruned:
+        named = [*sweeps, *pruned]
+        shown = ", ".join(named[:10]) + (", ..." if len(named) > 10 else "")
+        raise RuntimeError(
+            f"cannot downgrade below 0010: {len(sweeps)} sweep(s) and {len(pruned)} pruned "
+            f"job(s) would be lost or unreadable ({shown}); stay on this version, or remove "
+            "them (the pruned jobs with DELETE /jobs/{id}) and the sweeps' rows first"
+        )
     op.drop_index("uq_jobs_sweep_trial", table_name="jobs")
     for column in ("trial_attrs", "trial_params", "trial_number", "sweep_id"):
         op.drop_column("jobs", column)

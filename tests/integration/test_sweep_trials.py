@@ -16,8 +16,9 @@ from core.db import Database, EpochMetric, Job, Quota, Sweep
 from core.errors import QuotaExceeded
 from core.spec import JobSpec, JobStatus
 from core.store import claim_job, end_job
-from core.store.sweeps import SweepStatus
+from core.store.sweeps import SweepStatus, set_trial_attrs
 from core.sweeps import trials
+from core.sweeps.search import Verdict
 from core.sweeps.spec import SweepSpec
 
 SPACE = {"lr": {"log_uniform": [1e-4, 1e-2]}, "batch_size": {"choice": [32, 64, 128]}}
@@ -48,14 +49,26 @@ def finish(db: Database, job_id: str, values: list[float], status: JobStatus) ->
     with db.writer() as s:
         claim_job(s, job_id=job_id, worker="w", device="cpu")
     for epoch, v in enumerate(values, 1):
-        with db.writer() as s:
-            s.add(epoch_row(job_id, epoch, v))
-            s.flush()
-            job = s.get(Job, job_id)
-            assert job is not None
-            trials.judge_epoch(s, job=job, epoch=epoch)
+        judge(db, job_id, epoch, v)
     with db.writer() as s:
         end_job(s, job_id=job_id, status=status, code=None if status == "succeeded" else "x")
+
+
+def judge(db: Database, job_id: str, epoch: int, accuracy: float) -> tuple[Verdict, str] | None:
+    """What the worker does at a trial's epoch end: judge from a read, then store the epoch
+    with what the pruner keeps on the trial."""
+    row = epoch_row(job_id, epoch, accuracy)
+    with db.reader() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.sweep_id is not None and job.trial_number is not None
+        judged = trials.judge_epoch(
+            s, sweep_id=job.sweep_id, number=job.trial_number, epoch=epoch, metrics=row
+        )
+    with db.writer() as s:
+        s.add(row)
+        if judged is not None:
+            set_trial_attrs(s, job_id=job_id, attrs=judged[0].attrs)
+    return judged
 
 
 def epoch_row(job_id: str, epoch: int, accuracy: float) -> EpochMetric:
@@ -175,11 +188,7 @@ def test_the_pruner_stops_a_trial_behind_the_others(db: Database, settings: Sett
     (poor,) = [j for j in in_db(db, sweep_id) if j.status == "queued"]
     with db.writer() as s:
         claim_job(s, job_id=poor.id, worker="w", device="cpu")
-        s.add(epoch_row(poor.id, 1, 0.2))
-        s.flush()
-        job = s.get(Job, poor.id)
-        assert job is not None
-        judged = trials.judge_epoch(s, job=job, epoch=1)
+    judged = judge(db, poor.id, 1, 0.2)
     assert judged is not None
     verdict, why = judged
     assert verdict.prune and "epoch 1" in why and "test_accuracy 0.2" in why
@@ -193,11 +202,7 @@ def test_a_leading_trial_goes_on(db: Database, settings: Settings) -> None:
     finish(db, first[0].id, [0.5, 0.6], JobStatus.succeeded)
     with db.writer() as s:
         claim_job(s, job_id=first[1].id, worker="w", device="cpu")
-        s.add(epoch_row(first[1].id, 1, 0.95))
-        s.flush()
-        job = s.get(Job, first[1].id)
-        assert job is not None
-        judged = trials.judge_epoch(s, job=job, epoch=1)
+    judged = judge(db, first[1].id, 1, 0.95)
     assert judged is not None and not judged[0].prune
 
 
@@ -267,3 +272,14 @@ def test_a_key_runs_a_bounded_number_of_sweeps(db: Database) -> None:
     create()  # a canceled sweep no longer counts
     with db.writer() as s:  # an admin's (no quota owner) are not counted against anyone
         trials.create(s, settings, spec=spec, owner=owner, quota_owner=None, idempotency_key=None)
+
+
+def test_a_wide_sweep_is_asked_for_a_few_trials_a_transaction(
+    db: Database, settings: Settings
+) -> None:
+    """Each ask replays the sweep while holding SQLite's one write lock: `parallel` 10 is
+    made over three top-ups, never more than asked for."""
+    sweep_id, first = sweep_of(db, settings, trials=20, parallel=10)
+    assert len(first) == trials.ASKS_PER_TRANSACTION
+    sizes = [len(top_up(db, settings, sweep_id)) for _ in range(3)]
+    assert sizes == [4, 2, 0] and len(in_db(db, sweep_id)) == 10

@@ -108,6 +108,13 @@ def test_idempotency_tenancy_and_cancel(service: Service) -> None:
             call()
         assert hidden.value.status == 404
     assert first["id"] not in {s["id"] for s in other.sweeps()}
+    # A trial that ended while its sweep runs stays: the search reads it.
+    queued = [t for t in c.sweep(first["id"])["trials"] if c.job(t["job_id"])["status"] == "queued"]
+    gone = c.cancel(queued[-1]["job_id"])
+    assert gone["status"] == "canceled"
+    with pytest.raises(ApiError) as kept:
+        c.delete(gone["id"])
+    assert kept.value.status == 409 and "still runs" in str(kept.value.detail)
     canceled = c.cancel_sweep(first["id"])
     assert canceled["status"] == "canceled"
     with pytest.raises(ApiError) as ended:
@@ -116,4 +123,6 @@ def test_idempotency_tenancy_and_cancel(service: Service) -> None:
     for trial in canceled["trials"]:
         job = c.job(trial["job_id"])
         assert job["status"] in ("canceled", "running")  # a running one stops within steps
-    assert c.sweep(first["id"])["budget"]["created"] == 2  # no trial after the cancel
+    created = c.sweep(first["id"])["budget"]["created"]
+    assert created == 3  # the canceled trial's place was taken; none after the cancel
+    c.delete(gone["id"])  # the sweep ended: its trials may go
