@@ -1,5 +1,6 @@
 // Sweeps: the list ("#/sweeps") and one sweep ("#/sweeps/<id>"), followed live from its
-// event stream, each event being the whole sweep. Uses app.js's helpers and charts.js.
+// event stream, each event being the whole sweep. Built on app.js (DOM, API, streams) and
+// charts.js.
 "use strict";
 
 const SWEEP_LIST_REFRESH_MS = 3000;
