@@ -1,8 +1,9 @@
 """The web dashboard: `GET /` serves the page, `GET /static/{name}` its files.
 
 The page needs no key to load: it asks for one and sends it on every API call itself. Only
-the files that are in `api/static/` when the API starts can be served, looked up by exact
-name, so no path from a request ever reaches the file system (no traversal, no listing)."""
+the files that are in `api/static/` (or its folders, such as `vendor/uplot/`) when the API
+starts can be served, looked up by exact relative path, so no path from a request ever
+reaches the file system (no traversal, no listing)."""
 
 from __future__ import annotations
 
@@ -36,13 +37,16 @@ HEADERS = {
 
 
 def _files() -> dict[str, Path]:
-    """The servable files, by name: plain files directly in STATIC_DIR with a known type."""
+    """The servable files, by path relative to STATIC_DIR: plain files with a known type."""
     if not STATIC_DIR.is_dir():
         return {}
     return {
-        p.name: p
-        for p in STATIC_DIR.iterdir()
-        if p.is_file() and not p.is_symlink() and p.suffix in MEDIA_TYPES
+        p.relative_to(STATIC_DIR).as_posix(): p
+        for p in STATIC_DIR.rglob("*")
+        if p.is_file()
+        and not p.is_symlink()
+        and p.suffix in MEDIA_TYPES
+        and p.resolve().is_relative_to(STATIC_DIR)  # a linked folder leads nowhere else
     }
 
 
@@ -62,6 +66,6 @@ def index() -> FileResponse:
     return _serve("index.html")
 
 
-@router.get("/static/{name}")
+@router.get("/static/{name:path}")
 def static(name: str) -> FileResponse:
     return _serve(name)

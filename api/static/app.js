@@ -1,7 +1,9 @@
 // trainq dashboard: plain browser JavaScript, no build step, nothing loaded from elsewhere.
 // Views are chosen by the URL hash: "#/" lists jobs and the submit form, "#/jobs/<id>"
-// follows one job. Every API call carries "Authorization: Bearer <key>"; the key lives in
-// sessionStorage, so it is forgotten with the tab.
+// follows one job; sweeps.js adds "#/sweeps" and "#/sweeps/<id>", compare.js
+// "#/compare/<id>,<id>…", charts.js the uPlot charts they share. Every API call carries
+// "Authorization: Bearer <key>"; the key lives in sessionStorage, so it is forgotten with
+// the tab.
 "use strict";
 
 const KEY_STORAGE = "trainq.apiKey";
@@ -173,11 +175,12 @@ async function repeat(fn, ms, signal) {
   }
 }
 
+const VIEWS = ["login-view", "home-view", "job-view", "sweeps-view", "sweep-view", "compare-view"];
+
 function showView(id) {
-  for (const section of ["login-view", "home-view", "job-view"]) {
-    $(`#${section}`).hidden = section !== id;
-  }
+  for (const section of VIEWS) $(`#${section}`).hidden = section !== id;
   $("#logout").hidden = id === "login-view";
+  $("#nav").hidden = id === "login-view";
 }
 
 function askForKey(message) {
@@ -210,8 +213,12 @@ function route() {
     return;
   }
   const signal = leaveView();
-  const match = location.hash.match(/^#\/jobs\/([0-9a-fA-F-]{36})$/);
-  if (match) openJob(match[1], signal);
+  const hash = location.hash;
+  let match;
+  if ((match = hash.match(/^#\/jobs\/([0-9a-fA-F-]{36})$/))) openJob(match[1], signal);
+  else if ((match = hash.match(/^#\/sweeps\/([0-9a-fA-F-]{36})$/))) openSweep(match[1], signal);
+  else if (hash === "#/sweeps") openSweeps(signal);
+  else if ((match = hash.match(/^#\/compare\/([0-9a-fA-F,-]+)$/))) openCompare(match[1].split(","), signal);
   else openHome(signal);
 }
 
@@ -252,11 +259,35 @@ function progressText(job) {
   return `${Math.floor((100 * p.step) / p.total_steps)} % (epoch ${p.epoch})`;
 }
 
+// Jobs ticked for comparison; kept here because the list is redrawn at every refresh.
+const selectedJobs = new Set();
+
+// A checkbox that adds its id to `selected` or takes it out, then calls `onChange`.
+function selectBox(id, selected, onChange, label) {
+  const box = el("input", { type: "checkbox", "aria-label": label });
+  box.checked = selected.has(id);
+  box.addEventListener("change", () => {
+    if (box.checked) selected.add(id);
+    else selected.delete(id);
+    onChange();
+  });
+  return box;
+}
+
+function compareHash(ids) {
+  return `#/compare/${[...ids].join(",")}`;
+}
+
+function updateCompareJobs() {
+  $("#compare-jobs").disabled = selectedJobs.size < 2;
+}
+
 function renderJobs(jobs) {
   const rows = jobs.map((job) =>
     el(
       "tr",
       { "data-job-id": job.id, "data-status": job.status },
+      el("td", {}, selectBox(job.id, selectedJobs, updateCompareJobs, `select job ${job.id.slice(0, 8)}`)),
       el("td", {}, el("a", { href: `#/jobs/${job.id}`, class: "mono", text: job.id.slice(0, 8) })),
       el("td", {}, statusBadge(job.status)),
       el("td", { text: specSummary(job.spec) }),
@@ -268,6 +299,7 @@ function renderJobs(jobs) {
   );
   $("#jobs tbody").replaceChildren(...rows);
   $("#jobs-empty").hidden = jobs.length > 0;
+  updateCompareJobs();
 }
 
 // --- the submit form, built from the JobSpec schema in /openapi.json --------------------
@@ -485,6 +517,7 @@ function openJob(id, signal) {
   $("#cancel").hidden = true;
   $("#download").hidden = true;
   $("#job-facts").replaceChildren();
+  $("#job-trial").hidden = true;
   drawAll();
   repeat(() => refreshJob(id, signal), JOB_REFRESH_MS, signal);
   followEvents(id, signal, (kind, data, eventId) => onJobEvent(id, kind, data, eventId));
@@ -517,6 +550,7 @@ async function refreshJob(id, signal) {
   job.data = data;
   setStatus(data.status);
   renderFacts(data);
+  renderTrial(data.sweep);
   renderProgress();
   show($("#job-error"), data.error ? `${data.error.code}: ${data.error.message}` : "");
   $("#download").hidden = data.status !== "succeeded";
@@ -551,6 +585,33 @@ function renderFacts(data) {
   $("#job-facts").replaceChildren(
     ...facts.map(([k, v]) => el("div", {}, el("dt", { text: k }), el("dd", { text: String(v) }))),
   );
+}
+
+// A trial of a sweep says so: `trial` is the job's `sweep` field, null for other jobs.
+function renderTrial(trial) {
+  const line = $("#job-trial");
+  line.hidden = !trial;
+  if (!trial) return;
+  line.replaceChildren(
+    `trial ${trial.trial} of sweep `,
+    el("a", { href: `#/sweeps/${trial.id}`, class: "mono", text: trial.id.slice(0, 8) }),
+    ` (${fmtParams(trial.params)})`,
+  );
+}
+
+// A trial's values, as "lr=0.003, batch_size=128".
+function fmtParams(params) {
+  return Object.entries(params ?? {})
+    .map(([k, v]) => `${k}=${fmtValue(v)}`)
+    .join(", ");
+}
+
+// Any JSON value, short: numbers to 4 significant digits, lists and objects as JSON.
+function fmtValue(v) {
+  if (v === null || v === undefined) return "–";
+  if (typeof v === "number") return Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(4)));
+  if (typeof v === "object") return JSON.stringify(v);
+  return String(v);
 }
 
 // Progress from whichever is newer: the last polled job or the last streamed step.
@@ -644,18 +705,27 @@ async function* sseFrames(body) {
   }
 }
 
-// Follows a job's events until it ends, reconnecting after a drop with Last-Event-ID so
-// the server resumes right after the last event seen (nothing lost, nothing twice).
-async function followEvents(id, signal, onEvent) {
+// Follows a job's events until it ends.
+function followEvents(id, signal, onEvent) {
+  return followStream(`/jobs/${id}/events`, signal, {
+    state: $("#stream-state"),
+    onEvent,
+    isEnd: (kind, data) => kind === "status" && TERMINAL.has(data.status),
+  });
+}
+
+// Follows an event stream until `isEnd(kind, data)`, reconnecting after a drop with
+// Last-Event-ID so the server resumes right after the last event seen (nothing lost,
+// nothing twice). `state` shows whether the stream is live.
+async function followStream(path, signal, { state, onEvent, isEnd }) {
   let lastId = null;
   let retryMs = 1000;
-  const state = $("#stream-state");
   while (!signal.aborted) {
     let ended = false;
     try {
       const headers = authHeaders({ Accept: "text/event-stream" });
       if (lastId) headers["Last-Event-ID"] = lastId;
-      const resp = await fetch(`/jobs/${id}/events`, { headers, signal, cache: "no-store" });
+      const resp = await fetch(path, { headers, signal, cache: "no-store" });
       checkAuth(resp);
       if (resp.status === 404) return; // refreshJob says so
       if (!resp.ok || !resp.body) throw new Error(`HTTP ${resp.status}`);
@@ -664,9 +734,10 @@ async function followEvents(id, signal, onEvent) {
         if (frame.id) lastId = frame.id;
         if (frame.retry) retryMs = frame.retry;
         if (frame.data === undefined) continue;
+        const kind = frame.event || "message";
         const data = JSON.parse(frame.data);
-        onEvent(frame.event || "message", data, frame.id);
-        if (frame.event === "status" && TERMINAL.has(data.status)) {
+        onEvent(kind, data, frame.id);
+        if (isEnd(kind, data)) {
           ended = true;
           break; // the server ends the stream here too
         }
@@ -688,12 +759,10 @@ async function followEvents(id, signal, onEvent) {
 
 // The model route needs the Authorization header, which a plain link cannot send: fetch
 // it, check its sha256 against the ETag where the browser can hash, and save it via a
-// temporary object URL.
-async function downloadModel() {
-  const id = job.id;
-  const button = $("#download");
+// temporary object URL. `button` is disabled meanwhile; a failure is shown in `message`.
+async function downloadModel(id, button, message) {
   button.disabled = true;
-  show($("#job-message"), "");
+  show(message, "");
   try {
     const resp = await fetch(`/jobs/${id}/model`, { headers: authHeaders(), cache: "no-store" });
     checkAuth(resp);
@@ -708,7 +777,7 @@ async function downloadModel() {
     a.remove();
     setTimeout(() => URL.revokeObjectURL(url), 60_000); // after the browser has read it
   } catch (e) {
-    if (!(e instanceof Unauthorized)) show($("#job-message"), `Download failed: ${e.message}`);
+    if (!(e instanceof Unauthorized)) show(message, `Download failed: ${e.message}`);
   } finally {
     button.disabled = false;
   }
@@ -1006,10 +1075,12 @@ function start() {
   $("#logout").addEventListener("click", () => askForKey("Key forgotten."));
   $("#submit-form").addEventListener("submit", submitJob);
   $("#cancel").addEventListener("click", cancelJob);
-  $("#download").addEventListener("click", downloadModel);
+  $("#download").addEventListener("click", () => downloadModel(job.id, $("#download"), $("#job-message")));
+  $("#compare-jobs").addEventListener("click", () => (location.hash = compareHash(selectedJobs)));
   window.addEventListener("hashchange", route);
   window.addEventListener("resize", scheduleDraw);
   route();
 }
 
-start();
+// After every deferred script has run: the views of sweeps.js and compare.js exist by then.
+document.addEventListener("DOMContentLoaded", start);

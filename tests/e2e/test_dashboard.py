@@ -198,12 +198,17 @@ def test_page_and_static_files(service: Service) -> None:
         assert "default-src 'self'" in page.headers["content-security-policy"]
         js = http.get("/static/app.js")
         assert js.status_code == 200 and "javascript" in js.headers["content-type"]
+        vendored = http.get("/static/vendor/uplot/uPlot.iife.min.js")  # a folder's file
+        assert vendored.status_code == 200 and "javascript" in vendored.headers["content-type"]
         for path in [
             "/static/missing.js",
             "/static/..%2Froutes%2Fweb.py",
             "/static/%2e%2e/app.py",
             "/static/../app.py",
             "/static/",
+            "/static/vendor/uplot/LICENSE",  # no known type
+            "/static/vendor/..%2F..%2Froutes%2Fweb.py",
+            "/static/vendor",
         ]:
             # Never served: 404 under /static/, or 401 where the client normalised the path
             # out of the public pages (it needs a key there before anything is looked up).
