@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from cli.compare_cmd import compare_table
 from cli.main import parser_for
 from cli.problems import INVALID, field_problems, quota_message, refused
 from cli.sweep_args import FlagError, scalar, sweep_body
+from cli.sweep_cmd import ended
 from cli.sweep_view import final_report, trial_table
 from client.http import ApiError
 
@@ -187,3 +189,28 @@ def test_a_429_says_the_quota_and_when_to_retry() -> None:
     assert text == "max_queued reached (max_queued: 4 of 4 in use); retry after 30 s"
     no_wait = quota_message(ApiError(429, "over", {**body_, "retry_after_s": None}))
     assert no_wait.endswith("waiting will not help")
+
+
+@pytest.mark.parametrize(("status", "code"), [("succeeded", 0), ("failed", 1), ("canceled", 3)])
+def test_the_exit_code_says_how_the_sweep_ended(
+    status: str, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert ended({**SWEEP, "status": status}) == code
+    err = capsys.readouterr().err
+    assert (f"{status} (exit {code})" in err) == (code != 0)
+
+
+def test_compare_shows_only_the_fields_that_differ() -> None:
+    jobs = [
+        {"id": "9c88f067-34fe", "status": "succeeded", "spec": {"epochs": 2, "lr": 3e-3}},
+        {"id": "fa7000e0-c11d", "status": "pruned", "spec": {"lr": 1e-6, "epochs": 2}},
+    ]
+    metrics = [{"test_accuracy": 0.938, "epochs": 2}, {"test_accuracy": 0.104, "epochs": 1}]
+    lines = [line.split() for line in compare_table(jobs, metrics)]
+    assert lines[:2] == [["9c88f067", "fa7000e0"], ["lr", "0.003", "1e-06"]]
+    assert lines[2][0] == "(32" and lines[3] == []  # every other field equal, defaults filled
+    assert lines[4:] == [
+        ["status", "succeeded", "pruned"],
+        ["test_accuracy", "0.9380", "0.1040"],
+        ["epochs", "2", "1"],
+    ]
