@@ -140,15 +140,24 @@ def sweep_body(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.objective:
         body["objective"] = objective(args.objective)
-    body["sampler"] = {**body.get("sampler", {}), **_given(name=args.sampler, seed=args.seed)}
-    body["pruner"] = {
-        **body.get("pruner", {}),
-        **_given(
-            name=args.pruner, min_epochs=args.min_epochs, reduction_factor=args.reduction_factor
-        ),
-    }
+    _merge(body, "sampler", name=args.sampler, seed=args.seed)
+    _merge(
+        body,
+        "pruner",
+        name=args.pruner,
+        min_epochs=args.min_epochs,
+        reduction_factor=args.reduction_factor,
+    )
     body.update(_given(trials=args.trials, parallel=args.parallel))
-    return {k: v for k, v in body.items() if v != {} or k == "base"}
+    return body
+
+
+def _merge(body: dict[str, Any], key: str, **values: Any) -> None:
+    """The options given over the file's; none given and none in the file: the API's
+    defaults."""
+    merged = {**body.get(key, {}), **_given(**values)}
+    if merged:
+        body[key] = merged
 
 
 def _fields(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -38,14 +38,14 @@ def cli_env(service: Service) -> dict[str, str]:
     return env
 
 
-def trainq(service: Service, *argv: str) -> subprocess.CompletedProcess[str]:
+def trainq(service: Service, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cli", *argv],
         cwd=REPO,
         env=cli_env(service),
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
     )
 
 
@@ -59,7 +59,8 @@ def table_of(stdout: str) -> list[list[str]]:
 
 @pytest.fixture(scope="module")
 def swept(service: Service) -> subprocess.CompletedProcess[str]:
-    return trainq(service, "sweep", *GRID_FLAGS)
+    # Seconds where the machine is free; minutes where the one CPU worker is shared.
+    return trainq(service, "sweep", *GRID_FLAGS, timeout=600)
 
 
 @pytest.fixture(scope="module")
