@@ -40,6 +40,17 @@ COMMANDS = {
         options.id_option,
         "cli.client_cmd:watch_command",
     ),
+    "sweep": Command(
+        "Search hyperparameters (Optuna, in the service) and follow the trials live; "
+        "`sweep watch|list|cancel|show` for sweeps already started.",
+        options.sweep_options,
+        "cli.sweep_cmd:sweep_command",
+    ),
+    "compare": Command(
+        "Jobs side by side: the spec fields that differ, and the final metrics.",
+        options.compare_options,
+        "cli.compare_cmd:compare_command",
+    ),
     "cancel": Command(
         "Cancel a queued or running job.", options.id_option, "cli.client_cmd:cancel_command"
     ),

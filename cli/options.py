@@ -27,9 +27,14 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
             f"--{name.replace('_', '-')}",
             dest=f"spec_{name}",
             metavar="V",
-            help=f"{field.description or ''} (default: {shown})".strip(),
+            help=f"{help_text(field.description)} (default: {shown})".strip(),
         )
     group.add_argument("--spec", type=Path, help="a JSON file with the spec; options override")
+
+
+def help_text(description: str | None) -> str:
+    """A field's description as argparse's help, which reads % as a format."""
+    return (description or "").replace("%", "%%")
 
 
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
@@ -162,3 +167,55 @@ def gc_options(p: argparse.ArgumentParser) -> None:
         help="purge jobs that ended more than N days ago (default TRAINQ_RETENTION_DAYS)",
     )
     p.add_argument("--dry-run", action="store_true", help="print what would go; change nothing")
+
+
+def sweep_options(p: argparse.ArgumentParser) -> None:
+    from cli.sweep_args import add_search_options
+    from core.sweeps.spec import Metric, PrunerName, SamplerName
+
+    add_search_options(p)
+    search = p.add_argument_group("the search")
+    search.add_argument(
+        "--objective",
+        metavar="METRIC[:max|min]",
+        help=f"what to optimize: {', '.join(Metric)} (default test_accuracy, maximized; "
+        "a loss is minimized)",
+    )
+    search.add_argument("--sampler", choices=list(SamplerName), help="default tpe")
+    search.add_argument(
+        "--seed", type=int, metavar="N", help="the sampler's seed (a trial's own: --job-seed)"
+    )
+    search.add_argument("--pruner", choices=list(PrunerName), help="default asha")
+    search.add_argument(
+        "--min-epochs", type=int, metavar="N", help="epochs before a trial can be pruned"
+    )
+    search.add_argument(
+        "--reduction-factor", type=int, metavar="N", help="asha, hyperband: 1 in N go on"
+    )
+    search.add_argument(
+        "--trials", type=int, metavar="N", help="the budget: trials in all (default 16)"
+    )
+    search.add_argument("--parallel", type=int, metavar="N", help="trials at once (default 2)")
+    search.add_argument(
+        "--json",
+        dest="body_file",
+        type=Path,
+        metavar="FILE",
+        help="a whole POST /sweeps body; the flags given override it",
+    )
+    search.add_argument(
+        "--idempotency-key", metavar="KEY", help="starting again with it returns the same sweep"
+    )
+    search.add_argument("--detach", action="store_true", help="print the sweep's id and exit")
+    sub = p.add_subparsers(dest="sweep_command", metavar="{watch,list,cancel,show}")
+    sub.add_parser("watch", help="follow a sweep live").add_argument("sweep_id")
+    listing = sub.add_parser("list", help="sweeps, newest first")
+    listing.add_argument("--limit", type=int, default=20)
+    sub.add_parser("cancel", help="no more trials; stop those in flight").add_argument("sweep_id")
+    shown = sub.add_parser("show", help="a sweep's trials and best trial")
+    shown.add_argument("sweep_id")
+    shown.add_argument("--json", dest="as_json", action="store_true", help="the sweep as JSON")
+
+
+def compare_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job_ids", nargs="+", metavar="JOB", help="two jobs or more")

@@ -22,10 +22,21 @@ from core.spec import TERMINAL
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, detail: Any) -> None:
+    """`body`: the whole JSON answer (a 429 past a quota names its limit and usage there);
+    `retry_after`: the Retry-After header, where the API sent one."""
+
+    def __init__(
+        self,
+        status: int,
+        detail: Any,
+        body: dict[str, Any] | None = None,
+        retry_after: str | None = None,
+    ) -> None:
         super().__init__(f"HTTP {status}: {detail}")
         self.status = status
         self.detail = detail
+        self.body = body or {}
+        self.retry_after = retry_after
 
 
 class Client:
@@ -48,10 +59,16 @@ class Client:
     def _json(self, resp: httpx.Response) -> Any:
         if resp.status_code >= 400:
             try:
-                detail = resp.json().get("detail")
+                body = resp.json()
             except ValueError:
-                detail = resp.text
-            raise ApiError(resp.status_code, detail)
+                body = None
+            detail = body.get("detail") if isinstance(body, dict) else resp.text
+            raise ApiError(
+                resp.status_code,
+                detail,
+                body if isinstance(body, dict) else None,
+                resp.headers.get("retry-after"),
+            )
         return resp.json()
 
     def _object(self, resp: httpx.Response) -> dict[str, Any]:

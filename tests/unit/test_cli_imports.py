@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "torchvision", "fastapi", "starlette", "sqlalchemy", "alembic", "uvicorn")
+HEAVY = (
+    "torch",
+    "torchvision",
+    "fastapi",
+    "starlette",
+    "sqlalchemy",
+    "alembic",
+    "uvicorn",
+    "optuna",
+)
 # What the help of a command without spec options does not need either: the JobSpec (and so
 # pydantic), the settings and the HTTP client load only when a command runs.
 RUNTIME = ("pydantic", "pydantic_settings", "httpx", "tqdm")
@@ -57,6 +66,11 @@ def loaded(*argv: str) -> set[str]:
         ["cancel", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
         ["download", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
         ["usage"],
+        ["sweep", "--help"],
+        ["sweep", "--lr", "loguniform:1e-4,1e-2", "--batch-size", "64,128"],
+        ["sweep", "watch", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
+        ["sweep", "list"],
+        ["compare", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11", "5e1f0c9a-4d1c-4e55-9a3e-8d2c6f0e7a11"],
     ],
     ids=" ".join,
 )
@@ -92,12 +106,32 @@ def test_an_invalid_spec_is_named_field_by_field() -> None:
     assert "epochs: " in out.stderr and "lr: " in out.stderr
 
 
+@pytest.mark.parametrize("command", ["submit", "train", "sweep"])
+def test_the_spec_options_help_prints(command: str) -> None:
+    """Every JobSpec field's description goes through argparse's %-formatting."""
+    out = subprocess.run(
+        [sys.executable, "-m", "cli", command, "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "--augment" in out.stdout and "10%" in out.stdout
+
+
 def test_the_help_still_names_every_command() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "cli", "--help"], cwd=ROOT, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    for name in ("submit", "ls", "watch", "cancel", "download", "data", "train"):
+    for name in (
+        "submit",
+        "ls",
+        "watch",
+        "cancel",
+        "download",
+        "data",
+        "train",
+        "sweep",
+        "compare",
+    ):
         assert name in out.stdout
     for name in ("migrate", "serve", "worker", "up"):
         assert name in out.stdout
