@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from cli.client_cmd import client
@@ -117,23 +118,28 @@ def _listed(sweep: dict[str, Any]) -> list[str]:
     ]
 
 
-def cancel(args: argparse.Namespace) -> int:
+def _answer(call: Callable[[Client], dict[str, Any]]) -> dict[str, Any] | int:
+    """The API's answer, or the exit code of its refusal (printed)."""
     with client() as c:
         try:
-            sweep = c.cancel_sweep(args.sweep_id)
+            return call(c)
         except ApiError as e:
             return refused(e)
+
+
+def cancel(args: argparse.Namespace) -> int:
+    sweep = _answer(lambda c: c.cancel_sweep(args.sweep_id))
+    if isinstance(sweep, int):
+        return sweep
     ended_ = sweep["budget"]["ended"]
     print(f"{sweep['id']} {sweep['status']} ({ended_} trials ended keep their results)")
     return 0
 
 
 def show(args: argparse.Namespace) -> int:
-    with client() as c:
-        try:
-            sweep = c.sweep(args.sweep_id)
-        except ApiError as e:
-            return refused(e)
+    sweep = _answer(lambda c: c.sweep(args.sweep_id))
+    if isinstance(sweep, int):
+        return sweep
     if args.as_json:
         print(json.dumps(sweep, indent=2))
     else:

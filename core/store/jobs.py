@@ -7,15 +7,17 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Update, bindparam, delete, insert, or_, select, update
+from sqlalchemy import Select, Update, bindparam, delete, insert, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
-from core.db import Checkpoint, DbTime, Job, db_now, utcnow
+from core.db import Checkpoint, DbTime, Job, Sweep, db_now, utcnow
 from core.errors import JobSuperseded
 from core.spec import TERMINAL, JobSpec, JobStatus, Priority
+
+Q = TypeVar("Q", bound=Select[Any])
 
 
 def spec_hash(spec: Any) -> str:
@@ -113,12 +115,17 @@ def list_jobs(
         q = q.where(Job.status == status)
     if sweep_id is not None:
         q = q.where(Job.sweep_id == sweep_id)
+    return s.scalars(newest_first(q, Job, before, limit)).all()
+
+
+def newest_first(q: Q, model: type[Job | Sweep], before: tuple[str, str] | None, limit: int) -> Q:
+    """A listing's page, newest first: `before` is the (created_at iso, id) of the previous
+    page's last item (api.cursors)."""
     if before is not None:
         created, last_id = before
         ts = dt.datetime.fromisoformat(created)
-        q = q.where((Job.created_at < ts) | ((Job.created_at == ts) & (Job.id < last_id)))
-    q = q.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
-    return s.scalars(q).all()
+        q = q.where((model.created_at < ts) | ((model.created_at == ts) & (model.id < last_id)))
+    return q.order_by(model.created_at.desc(), model.id.desc()).limit(limit)
 
 
 # Built once: executed on the session's connection, the most polled read skips the ORM and

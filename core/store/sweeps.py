@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections import defaultdict
 from collections.abc import Sequence
 from enum import StrEnum
@@ -12,6 +11,7 @@ from sqlalchemy.orm import Session, load_only
 
 from core.db import EpochMetric, Job, Sweep, db_now
 from core.spec import JobStatus
+from core.store.jobs import newest_first
 
 
 class SweepStatus(StrEnum):
@@ -63,11 +63,7 @@ def list_sweeps(
     q = select(Sweep)
     if not all_owners:
         q = q.where(Sweep.owner == owner)
-    if before is not None:
-        created, last_id = before
-        ts = dt.datetime.fromisoformat(created)
-        q = q.where((Sweep.created_at < ts) | ((Sweep.created_at == ts) & (Sweep.id < last_id)))
-    return s.scalars(q.order_by(Sweep.created_at.desc(), Sweep.id.desc()).limit(limit)).all()
+    return s.scalars(newest_first(q, Sweep, before, limit)).all()
 
 
 def running_sweep_ids(s: Session) -> list[str]:

@@ -12,26 +12,9 @@ from typing import Any
 from playwright.sync_api import expect
 
 from tests.service import Service
+from tests.sweeps import GRID_BASE, GRID_SWEEP
 
-# As in tests/integration/test_sweeps_http.py: seed 1 draws 3e-3 first from this grid, so the
-# trial that learns comes first and the pruner stops each later one at its first epoch.
-BASE = {
-    "epochs": 2,
-    "batch_size": 128,
-    "min_lr": 0,
-    "augment": "none",
-    "ema_decay": None,
-    "conv3_channels": 0,
-    "export": ["torchscript"],
-}
-GRID = {
-    "base": BASE,
-    "space": {"lr": {"choice": [3e-3, 2e-6, 1e-6]}},
-    "sampler": {"name": "grid", "seed": 1},
-    "pruner": {"name": "asha", "min_epochs": 1, "reduction_factor": 2},
-    "trials": 3,
-    "parallel": 1,
-}
+BASE, GRID = GRID_BASE, GRID_SWEEP
 # What the browser reports on its own for the 409 above.
 NO_RECORD = "the server responded with a status of 409"
 

@@ -12,26 +12,9 @@ import pytest
 
 from client.http import ApiError
 from tests.service import Service
+from tests.sweeps import GRID_BASE, GRID_SWEEP
 
-# Seed 1 draws 3e-3 first from this grid (core.sweeps.search: a seeded grid), so the trial
-# that learns comes first and the pruner (1 in 2 go on) stops each later one.
-BASE = {
-    "epochs": 2,
-    "batch_size": 128,
-    "min_lr": 0,
-    "augment": "none",
-    "ema_decay": None,
-    "conv3_channels": 0,
-    "export": ["torchscript"],
-}
-GRID = {
-    "base": BASE,
-    "space": {"lr": {"choice": [3e-3, 2e-6, 1e-6]}},
-    "sampler": {"name": "grid", "seed": 1},
-    "pruner": {"name": "asha", "min_epochs": 1, "reduction_factor": 2},
-    "trials": 3,
-    "parallel": 1,
-}
+BASE, GRID = GRID_BASE, GRID_SWEEP
 
 
 def problems(e: pytest.ExceptionInfo[ApiError]) -> list[tuple[Any, ...]]:
