@@ -192,4 +192,7 @@ def _from_file(path: Path) -> dict[str, Any]:
         raise FlagError(f"--json {path}: {e}") from None
     if not isinstance(body, dict):
         raise FlagError(f"--json {path}: not a JSON object")
+    for key in ("base", "space", "objective", "sampler", "pruner"):
+        if key in body and not isinstance(body[key], dict):
+            raise FlagError(f"--json {path}: {key!r} must be a JSON object")
     return body

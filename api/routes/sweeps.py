@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.access import check_dataset
+from api.access import no_dataset, visible_dataset
 from api.auth import Caller
 from api.cancels import announce_cancel
 from api.cursors import decode_cursor, encode_cursor
@@ -83,11 +83,17 @@ def create_sweep(
     caller: CallerDep,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Any:
-    problems = bound_problems(spec)
+    images = None
+    if user_dataset_id(spec.base.dataset) is not None:
+        ds = visible_dataset(session, caller, str(user_dataset_id(spec.base.dataset)))
+        if ds is None:
+            problem = no_dataset(spec.base)
+            raise HTTPException(422, detail=[{**problem, "loc": ["body", "base", "dataset"]}])
+        c, h, w = ds.image_shape
+        images = ((c, h, w), ds.num_classes)
+    problems = bound_problems(spec, images)
     if problems:
         raise HTTPException(422, detail=problems)
-    if user_dataset_id(spec.base.dataset) is not None:
-        check_dataset(session, caller, spec.base)
     if idempotency_key is not None:
         found = find_sweep_by_idempotency_key(session, owner=caller.owner, key=idempotency_key)
         if found is not None:

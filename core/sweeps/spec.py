@@ -23,15 +23,16 @@ from pydantic import (
     model_validator,
 )
 
-from core.spec import JobSpec
+from core.spec import JobSpec, model_too_large
 
 MAX_DIMENSIONS = 12
 MAX_CORNERS = 4096  # the corners of the space checked against JobSpec, each a validation
 MAX_CHOICES = 64
 MAX_TRIALS = 500
 MAX_PARALLEL = 64
-# A trial's data set is the base's: one objective over different data would compare nothing.
-# The formats are a tuple, not a value to search.
+# Set in the base only, where they are checked as POST /jobs checks them (an uploaded set
+# must be the key's own): a trial's data set is the base's, since one objective over
+# different data would compare nothing; the formats are a tuple, not a value to search.
 NOT_SEARCHED = frozenset({"dataset", "export"})
 
 Scalar = bool | int | float | str | None
@@ -189,9 +190,9 @@ class SweepSpec(BaseModel):
         if unknown:
             raise ValueError(f"{', '.join(unknown)}: not JobSpec fields")
         dims = {k: v for k, v in space.items() if isinstance(v, Dimension)}
-        searched = sorted(set(dims) & NOT_SEARCHED)
-        if searched:
-            raise ValueError(f"{', '.join(searched)} cannot be searched: set it in base")
+        named = sorted(set(space) & NOT_SEARCHED)
+        if named:
+            raise ValueError(f"{', '.join(named)} belongs in base, not in the space")
         if not dims:
             raise ValueError("no dimension to search (only fixed values)")
         if len(dims) > MAX_DIMENSIONS:
@@ -297,10 +298,14 @@ def _field_kind(name: str) -> str:
     return "float" if annotation is float else "other"
 
 
-def bound_problems(spec: SweepSpec) -> list[dict[str, Any]]:
+def bound_problems(
+    spec: SweepSpec, images: tuple[tuple[int, int, int], int] | None = None
+) -> list[dict[str, Any]]:
     """Where the space could sample a spec that JobSpec refuses, shaped like FastAPI's 422
     details (`loc` names the field): each value alone against the base first, then every
-    corner of the space together (a cross-field rule such as min_lr <= lr)."""
+    corner of the space together (a cross-field rule such as min_lr <= lr). `images`, the
+    (C, H, W) shape and classes of the base's uploaded set: each corner's model must fit it,
+    as POST /jobs checks."""
     base = {**spec.base.model_dump(mode="json"), **spec.fixed}
     problems = _alone(spec, base)
     if problems:
@@ -319,10 +324,10 @@ def bound_problems(spec: SweepSpec) -> list[dict[str, Any]]:
         ]
     for corner in itertools.product(*(spec.dimensions[n].extremes() for n in names)):
         values = dict(zip(names, corner, strict=True))
+        at = ", ".join(f"{k}={v!r}" for k, v in values.items())
         try:
-            JobSpec.model_validate({**base, **values})
+            trial = JobSpec.model_validate({**base, **values})
         except ValidationError as e:
-            at = ", ".join(f"{k}={v!r}" for k, v in values.items())
             msg = "; ".join(err["msg"] for err in e.errors())
             return [
                 {
@@ -331,6 +336,10 @@ def bound_problems(spec: SweepSpec) -> list[dict[str, Any]]:
                     "type": "space_outside_jobspec",
                 }
             ]
+        too_large = images and model_too_large(trial, *images)
+        if too_large:
+            msg = f"at {at} the trial's model is too large: {too_large}"
+            return [{"loc": ["body", "space"], "msg": msg, "type": "model_too_large"}]
     return []
 
 
