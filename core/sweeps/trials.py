@@ -145,32 +145,46 @@ def top_up(s: Session, settings: Settings, *, sweep_id: str, refuse: bool = Fals
         sweep.waiting = None
         if in_flight == 0 and sweep.trials_created >= spec.trials:
             done = any(t.status == JobStatus.succeeded for t in trials)
-            end_sweep(
-                s, sweep_id=sweep_id, status=SweepStatus.succeeded if done else SweepStatus.failed
-            )
+            ended = SweepStatus.succeeded if done else SweepStatus.failed
+            end_sweep(s, sweep_id=sweep_id, status=ended)
         return []
     known = records(spec, trials, epochs_of(s, sweep_id=sweep_id))
-    quotas = JobQuotas(s, settings, [sweep.quota_owner]) if sweep.quota_owner else None
+    made = _ask(s, settings, sweep, spec, known, min(wanted, ASKS_PER_TRANSACTION), refuse)
+    if made:
+        insert_jobs(s, jobs=made)
+    s.flush()
+    return made
+
+
+def _ask(
+    s: Session,
+    settings: Settings,
+    sweep: Sweep,
+    spec: SweepSpec,
+    known: list[TrialRecord],
+    n: int,
+    refuse: bool,
+) -> list[Job]:
+    """Up to `n` new trials, each through the owner's quotas; the first refused stops the
+    asking (`sweep.waiting` says why)."""
+    owner = sweep.quota_owner
+    quotas = JobQuotas(s, settings, [owner]) if owner is not None else None
     made: list[Job] = []
-    waiting = None
-    for _ in range(min(wanted, ASKS_PER_TRANSACTION)):
-        if quotas is not None and sweep.quota_owner is not None:
+    sweep.waiting = None
+    for _ in range(n):
+        if quotas is not None and owner is not None:
             try:
-                quotas.take(sweep.quota_owner)
+                quotas.take(owner)
             except QuotaExceeded as e:
                 if refuse and not made:
                     raise
-                waiting = e.message
+                sweep.waiting = e.message
                 break
         number = sweep.trials_created
         asked = ask(spec, sweep.id, known, number)
         made.append(_trial_job(sweep, spec, number, asked.params, asked.attrs))
         known.append(TrialRecord(number, Phase.running, asked.params, asked.attrs))
         sweep.trials_created = number + 1
-    sweep.waiting = waiting
-    if made:
-        insert_jobs(s, jobs=made)
-    s.flush()
     return made
 
 
