@@ -18,7 +18,11 @@ processes on the CPU, one torch thread each) and on mnist-sample:
 
 Prints one JSON object; progress goes to stderr.
 
-    python -m bench.sweep [--quick] [--trials 16] [--epochs 6] [--seed 0]
+With one seed in both arms, TPE's first trials (drawn at random before it models the space:
+a quarter of the budget) are random search's first trials too; `shared_points` counts them.
+Each seed of --seeds runs both arms, in alternating order.
+
+    python -m bench.sweep [--quick] [--trials 16] [--epochs 6] [--seeds 0,1,2]
 """
 
 from __future__ import annotations
@@ -139,6 +143,7 @@ def run_arm(svc: Service, arm: str, body: dict[str, Any]) -> dict[str, Any]:
         "trials_succeeded": sum(1 for t in final["trials"] if t["status"] == "succeeded"),
         "trials_failed": sum(1 for t in final["trials"] if t["status"] in ("failed", "canceled")),
         "epochs_by_trial": [len(t["values"]) for t in final["trials"]],
+        "params_by_trial": [t["params"] for t in final["trials"]],
         "waiting": final["waiting"],
         "epoch_s_p50": _median(epoch_s),
         "trial_s_p50": _median([_seconds(j["started_at"], j["finished_at"]) for j in jobs]),
@@ -164,6 +169,7 @@ def handoffs(jobs: list[dict[str, Any]]) -> dict[str, Any]:
                 queue.append(_seconds(nxt["created_at"], nxt["started_at"]))
     return {
         "pairs": len(gaps),
+        "gaps_s": [round(g, 3) for g in gaps],
         "end_to_next_start_s_p50": _median(gaps),
         "end_to_next_start_s_max": round(max(gaps), 3) if gaps else None,
         "end_to_next_created_s_p50": _median(decide),
@@ -191,24 +197,46 @@ def plain_jobs(svc: Service, jobs: int, epochs: int) -> dict[str, Any]:
     }
 
 
-def search(svc: Service, trials: int, epochs: int, seed: int) -> dict[str, Any]:
-    arms = {arm: run_arm(svc, arm, sweep_body(arm, trials, epochs, seed)) for arm in ARMS}
+def search(svc: Service, trials: int, epochs: int, seed: int, flip: bool) -> dict[str, Any]:
+    """Both arms with one sampler seed; `flip` runs random search first (order alternates
+    between seeds, so that neither arm always runs on the warmer service)."""
+    order = list(reversed(ARMS)) if flip else list(ARMS)
+    arms = {arm: run_arm(svc, arm, sweep_body(arm, trials, epochs, seed)) for arm in order}
     asha, rnd = arms["tpe_asha"], arms["random"]
+    points = [a.pop("params_by_trial") for a in (asha, rnd)]
+    shared = sum(1 for a, b in zip(*points, strict=False) if a == b)
 
     def ratio(key: str) -> float | None:
         return None if not rnd[key] else round(asha[key] / rnd[key], 3)
 
     both = asha["best_test_accuracy"] is not None and rnd["best_test_accuracy"] is not None
     return {
-        **arms,
-        "epochs_ratio_tpe_asha_over_random": ratio("epochs"),
-        "wall_ratio_tpe_asha_over_random": ratio("wall_s"),
-        "accuracy_difference_tpe_asha_minus_random": round(
-            asha["best_test_accuracy"] - rnd["best_test_accuracy"], 4
-        )
+        "seed": seed,
+        "order": order,
+        "shared_points": shared,
+        **{arm: arms[arm] for arm in ARMS},
+        "epochs_ratio": ratio("epochs"),
+        "wall_ratio": ratio("wall_s"),
+        "accuracy_difference": round(asha["best_test_accuracy"] - rnd["best_test_accuracy"], 4)
         if both
         else None,
     }
+
+
+def search_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure over the seeds, and its median: TPE + ASHA over (or minus) random."""
+
+    def over_seeds(values: list[Any]) -> dict[str, Any]:
+        known = [v for v in values if v is not None]
+        return {"per_seed": values, "median": _median(known, 4)}
+
+    out = {
+        key: over_seeds([r[key] for r in runs])
+        for key in ("epochs_ratio", "wall_ratio", "accuracy_difference")
+    }
+    for key in ("best_test_accuracy", "epochs", "wall_s", "trials_pruned"):
+        out[key] = {arm: over_seeds([r[arm][key] for r in runs]) for arm in ARMS}
+    return out
 
 
 # --- 2(a) the decider's calls against a stored history --------------------------------------
@@ -363,39 +391,54 @@ def machinery(histories: list[int], epochs: int, reps: int) -> dict[str, Any]:
 # --- the run ----------------------------------------------------------------------------------
 
 
-def overhead_summary(found: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
-    """The sweep's handoff against the plain backlog's, and both against an epoch."""
+def overhead_summary(runs: list[dict[str, Any]], plain: dict[str, Any]) -> dict[str, Any]:
+    """Each worker's idle time between trials (all seeds pooled) against the plain backlog's,
+    and against an epoch."""
     base = plain["handoff"]["end_to_next_start_s_p50"]
     out: dict[str, Any] = {"plain_job_end_to_next_start_s_p50": base}
     for arm in ARMS:
-        gap = found[arm]["handoff"]["end_to_next_start_s_p50"]
-        epoch = found[arm]["epoch_s_p50"]
+        gaps = [g for r in runs for g in r[arm]["handoff"]["gaps_s"]]
+        gap = _median(gaps)
+        epoch = _median([r[arm]["epoch_s_p50"] for r in runs if r[arm]["epoch_s_p50"]])
         out[arm] = {
+            "pairs": len(gaps),
             "trial_end_to_next_start_s_p50": gap,
+            "trial_end_to_next_created_s_p50": _median(
+                [r[arm]["handoff"]["end_to_next_created_s_p50"] for r in runs]
+            ),
             "extra_over_plain_s": None if gap is None or base is None else round(gap - base, 3),
-            "gap_over_epoch": None if gap is None or not epoch else round(gap / epoch, 3),
+            "epoch_s_p50": epoch,
+            "gap_over_epoch": None if gap is None or not epoch else round(gap / epoch, 4),
         }
     return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="4 trials of 2 epochs: a smoke run")
+    p.add_argument(
+        "--quick", action="store_true", help="4 trials of 2 epochs, one seed: a smoke run"
+    )
     p.add_argument("--trials", type=int, default=16)
     p.add_argument("--epochs", type=int, default=6)
-    p.add_argument("--seed", type=int, default=0, help="the sampler's seed, in both arms")
+    p.add_argument(
+        "--seeds",
+        default=None,
+        help="sampler seeds, comma-separated: both arms with each (default 0,1,2; 0 with --quick)",
+    )
     p.add_argument("--plain-jobs", type=int, default=8)
     p.add_argument("--reps", type=int, default=20, help="timed calls of each decider call")
     args = p.parse_args()
     histories = [16, 100]
     if args.quick:
         args.trials, args.epochs, args.plain_jobs, args.reps, histories = 4, 2, 4, 3, [16]
+        args.seeds = args.seeds or "0"
     load_before = os.getloadavg()
     began = time.monotonic()
     with scratch_service(workers=WORKERS, env=WORKER_ENV) as svc:
         log(f"service up, {WORKERS} workers; a backlog of {args.plain_jobs} plain jobs first")
         plain = plain_jobs(svc, args.plain_jobs, 1)
-        found = search(svc, args.trials, args.epochs, args.seed)
+        seeds = [int(x) for x in (args.seeds or "0,1,2").split(",")]
+        runs = [search(svc, args.trials, args.epochs, sd, i % 2 == 1) for i, sd in enumerate(seeds)]
     log("service down; the decider's calls, timed alone")
     decider = machinery(histories, args.epochs, args.reps)
     out = {
@@ -409,12 +452,12 @@ def main() -> None:
         "dataset": "mnist-sample",
         "trials": args.trials,
         "epochs": args.epochs,
-        "seed": args.seed,
         "space": SPACE,
         "base": BASE,
-        "search": found,
+        "search": search_summary(runs),
+        "runs": runs,
         "plain_jobs": plain,
-        "overhead": overhead_summary(found, plain),
+        "overhead": overhead_summary(runs, plain),
         "decider": decider,
         "bench_s": round(time.monotonic() - began, 1),
     }
