@@ -67,7 +67,7 @@ SPACE: dict[str, Any] = {
     "weight_decay": {"log_uniform": [1e-6, 1e-2]},
 }
 # The seed's two-block net without augmentation keeps a trial short; no moving average,
-# whose 0.999 decay needs more steps than these runs take (16 to 125 a epoch).
+# whose 0.999 decay needs more steps than these runs take (16 to 125 an epoch).
 BASE: dict[str, Any] = {
     "conv3_channels": 0,
     "augment": "none",
