@@ -20,9 +20,10 @@ Prints one JSON object; progress goes to stderr.
 
 With one seed in both arms, TPE's first trials (drawn at random before it models the space:
 a quarter of the budget) are random search's first trials too; `shared_points` counts them.
-Each seed of --seeds runs both arms, in alternating order.
+Each seed of --seeds runs both arms, in alternating order. The seeds lie far apart: trial n
+of a sweep draws with seed + n, so seeds 0 and 1 would share all but one of their points.
 
-    python -m bench.sweep [--quick] [--trials 16] [--epochs 6] [--seeds 0,1,2]
+    python -m bench.sweep [--quick] [--trials 16] [--epochs 6] [--seeds 0,100,200]
 """
 
 from __future__ import annotations
@@ -423,7 +424,8 @@ def main() -> None:
     p.add_argument(
         "--seeds",
         default=None,
-        help="sampler seeds, comma-separated: both arms with each (default 0,1,2; 0 with --quick)",
+        help="sampler seeds, comma-separated: both arms with each "
+        "(default 0,100,200; 0 with --quick)",
     )
     p.add_argument("--plain-jobs", type=int, default=8)
     p.add_argument("--reps", type=int, default=20, help="timed calls of each decider call")
@@ -437,7 +439,7 @@ def main() -> None:
     with scratch_service(workers=WORKERS, env=WORKER_ENV) as svc:
         log(f"service up, {WORKERS} workers; a backlog of {args.plain_jobs} plain jobs first")
         plain = plain_jobs(svc, args.plain_jobs, 1)
-        seeds = [int(x) for x in (args.seeds or "0,1,2").split(",")]
+        seeds = [int(x) for x in (args.seeds or "0,100,200").split(",")]
         runs = [search(svc, args.trials, args.epochs, sd, i % 2 == 1) for i, sd in enumerate(seeds)]
     log("service down; the decider's calls, timed alone")
     decider = machinery(histories, args.epochs, args.reps)
