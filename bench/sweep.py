@@ -20,8 +20,7 @@ Prints one JSON object; progress goes to stderr.
 
 With one seed in both arms, TPE's first trials (drawn at random before it models the space:
 a quarter of the budget) are random search's first trials too; `shared_points` counts them.
-Each seed of --seeds runs both arms, in alternating order. The seeds lie far apart: trial n
-of a sweep draws with seed + n, so seeds 0 and 1 would share all but one of their points.
+Each seed of --seeds runs both arms, in alternating order.
 
     python -m bench.sweep [--quick] [--trials 16] [--epochs 6] [--seeds 0,100,200]
 """
@@ -54,7 +53,7 @@ from core.config import Settings
 from core.db import Database, EpochMetric, Job, utcnow
 from core.local.migrate import upgrade
 from core.spec import JobStatus
-from core.store.sweeps import lock_sweep, trials_of
+from core.store.sweeps import set_trial_attrs, trials_of
 from core.sweeps.spec import SweepSpec
 from core.sweeps.trials import create, judge_epoch, top_up
 from tests.service import Service, postgres_database, scratch_service, wait_until
@@ -282,14 +281,23 @@ def _made_up(params: dict[str, Any], epoch: int, rng: random.Random) -> float:
 
 
 def _epoch_pruned(db: Database, sweep_id: str, job_id: str, epoch: int, acc: float) -> bool:
-    """The epoch stored and judged in one transaction, as worker.recorder does."""
+    """As worker.recorder does: judged from a read, then the epoch stored with what the
+    pruner keeps on the trial."""
+    row = _epoch_row(job_id, epoch, acc)
+    with db.reader() as s:
+        judged = _judged(s, job_id, epoch, row)
     with db.writer() as s:
-        lock_sweep(s, sweep_id=sweep_id)
-        s.add(_epoch_row(job_id, epoch, acc))
-        s.flush()
-        job = s.get(Job, job_id)
-        judged = judge_epoch(s, job=job, epoch=epoch) if job is not None else None
-        return judged is not None and judged[0].prune
+        s.add(row)
+        if judged is not None:
+            set_trial_attrs(s, job_id=job_id, attrs=judged[0].attrs)
+    return judged is not None and judged[0].prune
+
+
+def _judged(s: Session, job_id: str, epoch: int, row: EpochMetric) -> Any:
+    job = s.get(Job, job_id)
+    if job is None or job.sweep_id is None or job.trial_number is None:
+        return None
+    return judge_epoch(s, sweep_id=job.sweep_id, number=job.trial_number, epoch=epoch, metrics=row)
 
 
 def _epoch_row(job_id: str, epoch: int, acc: float) -> EpochMetric:
@@ -344,8 +352,7 @@ def decider_costs(url: str, history: int, epochs: int, reps: int) -> dict[str, A
                 raise RuntimeError("top_up made no trial: the history is not as intended")
 
         def judge(s: Session) -> None:
-            job = s.get(Job, running.id)
-            if job is None or judge_epoch(s, job=job, epoch=1) is None:
+            if _judged(s, running.id, 1, _epoch_row(running.id, 1, 0.5)) is None:
                 raise RuntimeError("judge_epoch judged nothing: the history is not as intended")
 
         return {

@@ -4,11 +4,13 @@ database stays the one store of trials (ARCHITECTURE.md, "Sweeps", says why). Wh
 sampler or pruner keeps on a trial (Optuna's system attributes: a grid point, the rungs a
 trial completed) is handed back to be stored with the trial, so the next replay has it.
 
-Decisions are repeatable: the sampler is seeded with the sweep's seed and the trial's
-number, so asking again for a trial whose creation was lost gives the same values."""
+Decisions are repeatable: the sampler is seeded from the sweep's seed and the trial's
+number (`trial_seed`), so asking again for a trial whose creation was lost gives the same
+values."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -79,8 +81,15 @@ def startup_trials(spec: SweepSpec) -> int:
     return max(2, min(10, spec.trials // 4))
 
 
+def trial_seed(seed: int, number: int) -> int:
+    """The sampler's seed for trial `number`: a hash of both, so that the sweeps seeded s and
+    s + 1 draw unrelated points (with s + n they would draw the same ones, one trial apart)."""
+    digest = hashlib.sha256(f"{seed}:{number}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
 def _sampler(spec: SweepSpec, number: int) -> optuna.samplers.BaseSampler:
-    seed = (spec.sampler.seed + number) % 2**31
+    seed = trial_seed(spec.sampler.seed, number)
     if spec.sampler.name is SamplerName.random:
         return optuna.samplers.RandomSampler(seed=seed)
     if spec.sampler.name is SamplerName.grid:

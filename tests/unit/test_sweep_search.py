@@ -128,3 +128,16 @@ def test_no_pruner_never_prunes() -> None:
     history = [TrialRecord(0, Phase.complete, {"lr": 1e-3}, {}, {1: 0.99})]
     poor = TrialRecord(1, Phase.running, {"lr": 1e-4}, {}, {1: 0.01})
     assert not judge(s, "sweep", [*history, poor], 1).prune
+
+
+def test_neighbouring_seeds_draw_unrelated_points() -> None:
+    """Seeded s + n, the sweeps of seeds 0 and 1 drew the same points, one trial apart."""
+    draws = {}
+    for seed in (0, 1):
+        s = spec(sampler={"name": "random", "seed": seed}, trials=8)
+        history: list[TrialRecord] = []
+        for n in range(6):
+            asked = ask(s, "sweep", history, n)
+            history.append(TrialRecord(n, Phase.complete, asked.params, asked.attrs, {1: 0.5}))
+        draws[seed] = [t.params["lr"] for t in history]
+    assert not set(draws[0]) & set(draws[1])
