@@ -123,8 +123,9 @@ def _room_for_a_sweep(s: Session, settings: Settings, owner: str) -> None:
         )
 
 
-# Trials asked for in one transaction: each ask replays the sweep (a tenth of a second at
-# 500 trials), and on SQLite the transaction holds the one write lock every heartbeat needs.
+# Trials asked for in one transaction: each ask replays the whole sweep, a cost that grows
+# with its trials, and on SQLite the transaction holds the one write lock every heartbeat
+# needs.
 ASKS_PER_TRANSACTION = 4
 
 
@@ -245,8 +246,8 @@ def judge_epoch(
 ) -> tuple[Verdict, str] | None:
     """At the end of trial `number`'s `epoch` (whose figures are `metrics`, an epoch record
     not stored yet): the pruner's verdict and, if it prunes, the reason; None when the sweep
-    has no pruner, or has ended. Read-only, and outside any lock: the replay takes a tenth of
-    a second at hundreds of trials. The caller stores the verdict's attributes (what the
+    has no pruner, or has ended. Read-only, and outside any lock: the replay grows with the
+    sweep's trials and runs at every epoch's end. The caller stores the verdict's attributes (what the
     pruner keeps on the trial) with the epoch, and ends the trial if it prunes."""
     sweep = get_sweep(s, sweep_id=sweep_id)
     if sweep is None or sweep.status != SweepStatus.running:
