@@ -247,8 +247,8 @@ def judge_epoch(
     """At the end of trial `number`'s `epoch` (whose figures are `metrics`, an epoch record
     not stored yet): the pruner's verdict and, if it prunes, the reason; None when the sweep
     has no pruner, or has ended. Read-only, and outside any lock: the replay grows with the
-    sweep's trials and runs at every epoch's end. The caller stores the verdict's attributes (what the
-    pruner keeps on the trial) with the epoch, and ends the trial if it prunes."""
+    sweep's trials and runs at every epoch's end. The caller stores the verdict's attributes
+    (what the pruner keeps on the trial) with the epoch, and ends the trial if it prunes."""
     sweep = get_sweep(s, sweep_id=sweep_id)
     if sweep is None or sweep.status != SweepStatus.running:
         return None
