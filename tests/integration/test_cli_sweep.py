@@ -144,25 +144,28 @@ def test_a_bad_form_is_refused_before_any_request(service: Service) -> None:
 
 @contextlib.contextmanager
 def sweep_in_flight(service: Service) -> Iterator[subprocess.Popen[str]]:
-    """`trainq sweep` of trials long enough to be interrupted; the sweep canceled after."""
+    """`trainq sweep` of trials long enough to be interrupted; the sweep canceled after. Its
+    SIGINT is the default one even where the tests were started in the background (a shell
+    starts those with SIGINT ignored, and Python then raises no KeyboardInterrupt)."""
     flags = [*GRID_FLAGS, "--epochs", "50"]
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "cli", "sweep", *flags],
         cwd=REPO,
         env=cli_env(service),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        for s in service.client().sweeps():
-            if s["status"] == "running":
-                with contextlib.suppress(ApiError):
-                    service.client().cancel_sweep(s["id"])
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    ) as proc:
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            for s in service.client().sweeps():
+                if s["status"] == "running":
+                    with contextlib.suppress(ApiError):
+                        service.client().cancel_sweep(s["id"])
 
 
 def test_ctrl_c_stops_watching_and_leaves_the_sweep_running(service: Service) -> None:
