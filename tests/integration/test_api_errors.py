@@ -156,6 +156,7 @@ def _latency_series(service: Service) -> set[str]:
     return set(re.findall(r"^trainq_api_request_seconds_count(\{.*\})", text, re.M))
 
 
+@pytest.mark.slow
 def test_unauthenticated_junk_does_not_grow_the_metrics(service: Service) -> None:
     def junk(tag: str) -> None:
         for i in range(40):

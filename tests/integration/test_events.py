@@ -328,6 +328,7 @@ def test_a_stream_still_written_after_its_job_ended_closes_with_the_databases_st
     assert len(kinds(events, "step")) >= 3
 
 
+@pytest.mark.slow
 def test_an_entry_no_writer_of_ours_makes_is_skipped_by_followers(
     svc: Service, pool: ThreadPoolExecutor
 ) -> None:

@@ -124,6 +124,7 @@ def events_of(lines: Iterator[str], until: str | None = None) -> Iterator[dict[s
             event = {}
 
 
+@pytest.mark.slow
 def test_a_client_that_stops_reading_is_sent_lagging_and_resumes_with_no_gap(
     svc: Service,
 ) -> None:

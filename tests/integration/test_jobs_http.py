@@ -107,6 +107,7 @@ def test_sse_resumes_from_last_event_id(service: Service) -> None:
     assert [e["id"] for e in resumed] == [e["id"] for e in first[8:]]
 
 
+@pytest.mark.slow
 def test_idempotency_key(service: Service) -> None:
     c = service.client()
     key = str(uuid.uuid4())

@@ -51,6 +51,7 @@ def ended(svc: Service, job_id: str) -> str:
     )
 
 
+@pytest.mark.slow
 def test_every_key_left_after_jobs_end_expires_or_is_a_named_bounded_one(svc: Service) -> None:
     c = svc.client()
     done = c.submit({"epochs": 1, "max_steps": 5, "export": ["torchscript"]})

@@ -66,6 +66,7 @@ def test_a_resume_after_the_target_accuracy_does_not_train_on(data_dir: Path) ->
     assert resumed.summary()["epochs"] == 1
 
 
+@pytest.mark.slow
 def test_a_data_set_of_constant_images_trains(tmp_path: Path) -> None:
     """Every pixel the same: the training pixels' std is 0, and normalising by it divided
     by zero. The run trains on what there is to learn (the class prior) instead."""
