@@ -4,6 +4,7 @@ the engine. The schema changes only through the Alembic migrations in `migration
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -367,6 +368,18 @@ class _WriterLock:
     def release(self, info: dict[str, Any]) -> None:
         if info.pop("writer", False):
             self._lock.release()
+
+
+def lock_name(s: Session, name: str) -> None:
+    """Hold the lock called `name` until this transaction ends, so that transactions that
+    decide on the same thing from different processes do so one after another.
+    PostgreSQL: a transaction-level advisory lock on a hash of the name; SQLite: nothing to
+    do, its writers already run one at a time (BEGIN IMMEDIATE)."""
+    if s.get_bind().dialect.name != "postgresql":
+        return
+    digest = hashlib.sha256(name.encode()).digest()
+    key = int.from_bytes(digest[:8], "big", signed=True)
+    s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
 
 
 class Database:

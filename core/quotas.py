@@ -17,18 +17,17 @@ Checks are race-free: each runs inside the transaction that then inserts the row
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import delete, func, or_, select, text
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from core.config import Settings
-from core.db import Job, Quota, UserDataset, as_utc, db_ago, db_now, utcnow
+from core.db import Job, Quota, UserDataset, as_utc, db_ago, db_now, lock_name, utcnow
 from core.errors import QuotaExceeded
 from core.spec import TERMINAL, JobStatus
 
@@ -216,13 +215,8 @@ def _since(t: dt.datetime | None, now: dt.datetime) -> float:
 
 def lock_owner(s: Session, owner: str) -> None:
     """Hold `owner`'s quota lock until this transaction ends, so that two API processes
-    cannot both count the same usage and both pass. PostgreSQL: a transaction-level advisory
-    lock; SQLite: nothing to do, its writers already run one at a time (BEGIN IMMEDIATE)."""
-    if s.get_bind().dialect.name != "postgresql":
-        return
-    digest = hashlib.sha256(f"trainq-quota:{owner}".encode()).digest()
-    key = int.from_bytes(digest[:8], "big", signed=True)
-    s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+    cannot both count the same usage and both pass (core.db.lock_name)."""
+    lock_name(s, f"trainq-quota:{owner}")
 
 
 @dataclass

@@ -10,12 +10,12 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from core.db import Database
+from core.db import Database, Job
 from core.errors import InvalidSpec, field_problems
 from core.queue import VIA_API
 from core.spec import JobSpec, JobStatus, stored_spec, user_dataset_id
 from core.store import create_job, end_job, get_dataset, get_job
-from core.store.deletion import lock_datasets, was_deleted
+from core.store.deletion import hold_job_id, lock_datasets, was_deleted
 from worker.attempt import Attempt
 from worker.execution import fail
 
@@ -40,58 +40,74 @@ def admit(a: Attempt) -> JobSpec | dict[str, Any]:
             a.job_id,
         )
         return {"status": "refused", "error": "the submission of this job failed"}
-    if _deleted(a):
+    admitted = _spec_of(a)
+    if admitted is None:
         log.warning(
             "refusing queue entry %s: job %s has no row (it was deleted); nothing runs",
             a.queue_entry,
             a.job_id,
         )
         return {"status": "refused", "error": "the job of this entry was deleted"}
-    spec, refused = _spec_of(a)
+    spec, refused = admitted
     if spec is None or refused is not None:
         return fail(a, 0, refused or InvalidSpec("spec", "invalid"))
     return spec
 
 
-def _spec_of(a: Attempt) -> tuple[JobSpec | None, InvalidSpec | None]:
-    """The spec to train, or why none. A job that has a row trains the row's spec for the
-    row's owner: the database is the truth, a queue entry only its carrier. A job submitted
-    straight to the queue gets its row here, from the entry, and may use an uploaded data
-    set only if it is the entry's owner's (no owner: an admin's, any set)."""
+def _spec_of(a: Attempt) -> tuple[JobSpec | None, InvalidSpec | None] | None:
+    """The spec to train, or why none; None if the job was deleted. A job that has a row
+    trains the row's spec for the row's owner: the database is the truth, a queue entry
+    only its carrier. A job submitted straight to the queue gets its row here, from the
+    entry. One transaction, holding the job's id (core.store.deletion.hold_job_id), reads
+    the row, checks for a deletion and makes the row: a DELETE committed before it is seen,
+    and one after it finds the row it read or made."""
     with a.db.writer() as s:
+        hold_job_id(s, job_id=a.job_id)
         row = get_job(s, job_id=a.job_id)
         if row is not None:
-            if row.spec != a.raw_spec or row.owner != a.owner:
-                log.warning(
-                    "queue entry %s carries a spec or owner other than job %s's row; the row's run",
-                    a.queue_entry,
-                    a.job_id,
-                )
-            spec, problem = _validate(row.spec, stored=True)
-            return spec, None if spec else InvalidSpec("spec", problem or "invalid")
-        spec, problem = _validate(a.raw_spec)
-        refused = InvalidSpec("spec", problem or "invalid") if spec is None else None
-        if spec is not None and not _may_use(s, spec.dataset, a.owner):
-            refused = InvalidSpec(
-                "dataset",
-                f"no data set {spec.dataset!r}: upload one with POST /datasets, or list yours "
-                "with GET /datasets",
-            )
-        create_job(
+            return _row_spec(a, row)
+        if _deleted(s, a):
+            return None
+        return _new_row(s, a)
+
+
+def _row_spec(a: Attempt, row: Job) -> tuple[JobSpec | None, InvalidSpec | None]:
+    if row.spec != a.raw_spec or row.owner != a.owner:
+        log.warning(
+            "queue entry %s carries a spec or owner other than job %s's row; the row's run",
+            a.queue_entry,
+            a.job_id,
+        )
+    spec, problem = _validate(row.spec, stored=True)
+    return spec, None if spec else InvalidSpec("spec", problem or "invalid")
+
+
+def _new_row(s: Session, a: Attempt) -> tuple[JobSpec | None, InvalidSpec | None]:
+    """The row of a job submitted straight to the queue, from its entry. It may use an
+    uploaded data set only if it is the entry's owner's (no owner: an admin's, any set)."""
+    spec, problem = _validate(a.raw_spec)
+    refused = InvalidSpec("spec", problem or "invalid") if spec is None else None
+    if spec is not None and not _may_use(s, spec.dataset, a.owner):
+        refused = InvalidSpec(
+            "dataset",
+            f"no data set {spec.dataset!r}: upload one with POST /datasets, or list yours "
+            "with GET /datasets",
+        )
+    create_job(
+        s,
+        job_id=a.job_id,
+        spec=spec or {"as_sent": a.raw_spec},
+        owner=a.owner,
+        queue_entry=a.queue_entry,
+    )
+    if refused is not None:  # ended with its row: no requeue ever runs it
+        end_job(
             s,
             job_id=a.job_id,
-            spec=spec or {"as_sent": a.raw_spec},
-            owner=a.owner,
-            queue_entry=a.queue_entry,
+            status=JobStatus.failed,
+            code=refused.code,
+            message=refused.message,
         )
-        if refused is not None:  # ended with its row: no requeue ever runs it
-            end_job(
-                s,
-                job_id=a.job_id,
-                status=JobStatus.failed,
-                code=refused.code,
-                message=refused.message,
-            )
     return spec, refused
 
 
@@ -119,14 +135,12 @@ def _validate(raw: Any, *, stored: bool = False) -> tuple[JobSpec | None, str | 
         return None, "; ".join(field_problems(e))
 
 
-def _deleted(a: Attempt) -> bool:
-    """Whether this entry's job was deleted (DELETE /jobs/{id}) after the entry was made: a
-    worker took it just before the delete removed it. A requeue's entry (an id of its own)
-    is made only for a job with a row, so its job's missing row says so too."""
-    with a.db.reader() as s:
-        if get_job(s, job_id=a.job_id) is not None:
-            return False
-        return a.queue_entry != a.job_id or was_deleted(s, job_id=a.job_id)
+def _deleted(s: Session, a: Attempt) -> bool:
+    """Whether this entry's job, which has no row, was deleted (DELETE /jobs/{id}) after the
+    entry was made: a worker took it just before the delete removed it. A requeue's entry
+    (an id of its own) is made only for a job with a row, so its job's missing row says so
+    too."""
+    return a.queue_entry != a.job_id or was_deleted(s, job_id=a.job_id)
 
 
 def _await_commit(db: Database, job_id: str, bound_s: float) -> bool:

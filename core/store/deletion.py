@@ -18,6 +18,7 @@ from core.db import (
     StepMetric,
     UserDataset,
     db_ago,
+    lock_name,
 )
 from core.spec import TERMINAL, USER_DATASET_PREFIX, JobStatus
 
@@ -31,6 +32,7 @@ def delete_ended_job(s: Session, *, job_id: str) -> bool:
     """The job's row, model, checkpoint, step and epoch rows, if the job has ended; False
     (nothing deleted) if it is queued or running, or gone. A terminal status never reverts
     and nothing writes to an ended job, so the check cannot go stale before the commit."""
+    hold_job_id(s, job_id=job_id)
     status = s.scalar(select(Job.status).where(Job.id == job_id))
     if status not in ENDED:
         return False
@@ -40,6 +42,14 @@ def delete_ended_job(s: Session, *, job_id: str) -> bool:
     s.execute(delete(DeletedJob).where(DeletedJob.deleted_at < db_ago(DELETED_JOB_DAYS * 86400)))
     s.add(DeletedJob(id=job_id))
     return True
+
+
+def hold_job_id(s: Session, *, job_id: str) -> None:
+    """Hold the job's id until this transaction ends. A deletion of the job and a worker that
+    reads or makes the job's row for a queue entry (worker.admission) each hold it before
+    they read: whichever comes second sees what the first committed, so a worker never
+    makes again a job just deleted (the row is gone, but its deleted_jobs record is there)."""
+    lock_name(s, f"trainq-job:{job_id}")
 
 
 def was_deleted(s: Session, *, job_id: str) -> bool:
