@@ -206,6 +206,28 @@ class DeletedJob(Base):
     deleted_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+class AttemptTime(Base):
+    """One attempt's time on a worker, as max_train_hours_per_day and fair share count it
+    (core.quotas): started in the transaction that claims the job, ended in the one that
+    moves the job off running (ended, requeued, handed back). No key to the job: the time
+    outlives the job's row (a DELETE, the retention policy), so that deleting a job gives
+    back none of its hours. Rows that ended past the quota's day go (core.retention)."""
+
+    __tablename__ = "attempt_times"
+    __table_args__ = (
+        Index("ix_attempt_times_owner_ended", "owner", "ended_at"),
+        Index("ix_attempt_times_job_ended", "job_id", "ended_at"),
+        Index("ix_attempt_times_ended", "ended_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str | None] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(String(36))
+    attempt: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[dt.datetime]
+    ended_at: Mapped[dt.datetime | None]  # None while the attempt runs
+
+
 class Quota(Base):
     """One owner's limits where they differ from the defaults in Settings (core.quotas).
     `limits` holds only the limits overridden; null in it means no limit."""

@@ -6,10 +6,11 @@ Admins (owner None) have none. The API refuses what would pass a limit with 429 
 that names it (`QuotaExceeded`); the workers' fair share never starts more of an owner's
 jobs at once than `max_running`.
 
-Training time is the wall-clock time of each job's latest attempt (`started_at` to
-`finished_at`, or to now while it runs), the part of it inside the trailing 24 hours. It is
-an approximation: a job that was requeued (its worker lost or stopped) keeps only its latest
-attempt's start, so the time of its earlier attempts is not counted.
+Training time is the wall-clock time of every attempt of the owner's jobs, from its claim
+to its end or hand-back (or to now while it runs), the part of it inside the trailing 24
+hours. It is read from `attempt_times` (core.db.AttemptTime), which the moves of a job's
+status write and which outlives the job's row: deleting or purging a job gives back none
+of its hours.
 
 Checks are race-free: each runs inside the transaction that then inserts the rows, after
 `lock_owner` (on SQLite that transaction already holds the one write lock)."""
@@ -25,14 +26,26 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import ColumnElement
 
 from core.config import Settings
-from core.db import Job, Quota, UserDataset, as_utc, db_ago, db_now, lock_name, utcnow
+from core.db import (
+    AttemptTime,
+    Job,
+    Quota,
+    UserDataset,
+    as_utc,
+    db_ago,
+    db_now,
+    lock_name,
+    utcnow,
+)
 from core.errors import QuotaExceeded
-from core.spec import TERMINAL, JobStatus
+from core.spec import JobStatus
 
 LIMIT_NAMES = ("max_queued", "max_running", "max_dataset_bytes", "max_train_hours_per_day")
 DAY_S = 24 * 3600  # the window of max_train_hours_per_day
+KEEP_ATTEMPT_TIMES_S = 2 * DAY_S  # an ended attempt's time, kept past its day for a margin
 # Retry-After of a refusal at max_queued: with no finished job of the key's to judge by, and
 # the most it says whatever the history.
 QUEUE_WAIT_GUESS_S = 60
@@ -126,14 +139,14 @@ class Usage(BaseModel):
     dataset_bytes: int = Field(0, description="Bytes of the data sets it uploaded (as stored).")
     train_hours_24h: float = Field(
         0.0,
-        description="Hours of training in the trailing 24 h: each job's latest attempt, "
-        "running ones up to now.",
+        description="Hours of training in the trailing 24 h: every attempt of its jobs, "
+        "deleted ones too, running ones up to now.",
     )
 
 
 @dataclass(frozen=True)
 class Span:
-    """One job's latest attempt, in seconds relative to now (the database's clock, which
+    """One attempt, in seconds relative to now (the database's clock, which
     wrote the times): from `start` to `end` (<= 0; 0 while it runs)."""
 
     start: float
@@ -157,7 +170,8 @@ def usage(s: Session, owner: str) -> Usage:
 
 
 def every_usage(s: Session) -> dict[str | None, Usage]:
-    """Every owner with jobs, data sets or overrides (None: the jobs enqueued without one)."""
+    """Every owner with jobs, data sets, overrides or training time in the trailing day
+    (None: the jobs enqueued without one)."""
     found = _usages(s, None)
     for owner in [*s.scalars(select(Job.owner).distinct()), *s.scalars(select(Quota.owner))]:
         found.setdefault(owner, Usage())
@@ -185,26 +199,27 @@ def _usages(s: Session, owners: Sequence[str] | None) -> dict[str | None, Usage]
 
 
 def spans_by_owner(s: Session, owners: Sequence[str] | None) -> dict[str | None, list[Span]]:
-    """The latest attempts of `owners`' jobs (None: everyone's) that ran within the trailing
-    24 hours."""
+    """The attempts of `owners`' jobs (None: everyone's) that ran within the trailing 24
+    hours, their jobs deleted or not."""
     now = as_utc(s.scalar(select(db_now())))
     assert now is not None
-    q = select(Job.owner, Job.status, Job.started_at, Job.finished_at).where(
-        Job.started_at.is_not(None),
-        or_(
-            Job.status == JobStatus.running,
-            Job.status.in_(list(TERMINAL)) & (Job.finished_at >= db_ago(DAY_S)),
-        ),
+    q = select(AttemptTime.owner, AttemptTime.started_at, AttemptTime.ended_at).where(
+        or_(AttemptTime.ended_at.is_(None), AttemptTime.ended_at >= db_ago(DAY_S))
     )
     if owners is not None:
-        q = q.where(Job.owner.in_(owners))
+        q = q.where(AttemptTime.owner.in_(owners))
     found: dict[str | None, list[Span]] = {}
-    for owner, status, started, finished in s.execute(q):
-        running = status == JobStatus.running
-        end = 0.0 if running or finished is None else min(0.0, _since(finished, now))
+    for owner, started, ended in s.execute(q):
+        running = ended is None
+        end = 0.0 if ended is None else min(0.0, _since(ended, now))
         span = Span(start=min(end, _since(started, now)), end=end, running=running)
         found.setdefault(owner, []).append(span)
     return found
+
+
+def spent_attempt_times() -> ColumnElement[bool]:
+    """The attempts that ended before any trailing day: they count for nothing."""
+    return AttemptTime.ended_at < db_ago(KEEP_ATTEMPT_TIMES_S)
 
 
 def _since(t: dt.datetime | None, now: dt.datetime) -> float:

@@ -7,6 +7,9 @@ epochs, result and run record stay. The reconciler runs one bounded pass at a ti
 (`retention_pass`), each job in a transaction of its own, so no pass holds a lock for long;
 `trainq gc` runs the same purge to the end, or reports it (`--dry-run`).
 
+The same passes forget attempts' training times that no quota counts any more
+(core.quotas); nothing else removes them, a job's deletion included.
+
 Also here: the bytes trainq holds, by kind, for the Prometheus gauges."""
 
 from __future__ import annotations
@@ -20,7 +23,18 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from core.config import Settings
-from core.db import Artifact, Checkpoint, Database, Job, StepMetric, UserDataset, db_ago, db_now
+from core.db import (
+    Artifact,
+    AttemptTime,
+    Checkpoint,
+    Database,
+    Job,
+    StepMetric,
+    UserDataset,
+    db_ago,
+    db_now,
+)
+from core.quotas import spent_attempt_times
 from core.store.deletion import ENDED
 
 log = logging.getLogger("trainq.retention")
@@ -135,10 +149,25 @@ def sweep_checkpoints(db: Database, *, limit: int) -> int:
     return len(ids)
 
 
+def forget_spent_attempt_times(db: Database, *, limit: int) -> int:
+    """Attempts' times that no quota counts any more (core.quotas); at most `limit` of them
+    a call. Training hours are kept apart from the jobs they came from, so no deletion or
+    purge of a job takes them; this is what keeps their table small."""
+    spent = select(AttemptTime.id).where(spent_attempt_times()).limit(limit)
+    with db.reader() as s:  # most passes find none: no write lock taken for nothing
+        if s.scalar(spent) is None:
+            return 0
+    with db.writer() as s:
+        ids = s.scalars(spent).all()
+        s.execute(delete(AttemptTime).where(AttemptTime.id.in_(ids)))
+    return len(ids)
+
+
 def retention_pass(db: Database, settings: Settings) -> None:
     """One bounded pass of the policy, from the reconciler; a failure is the next pass's."""
     try:
         swept = sweep_checkpoints(db, limit=settings.retention_batch)
+        forget_spent_attempt_times(db, limit=settings.retention_batch)
         gone = Footprint()
         if settings.retention_days is not None:
             gone = purge_batch(
@@ -162,6 +191,8 @@ def retention_pass(db: Database, settings: Settings) -> None:
 def collect(db: Database, *, older_than_days: float, batch: int = 100) -> Footprint:
     """`trainq gc`: purge every expired job, a batch at a time; what they held."""
     sweep_checkpoints(db, limit=2**31)
+    while forget_spent_attempt_times(db, limit=batch):
+        pass
     total = Footprint()
     while (gone := purge_batch(db, older_than_days=older_than_days, limit=batch)).jobs:
         total.add(gone)

@@ -40,7 +40,8 @@ Owner = Annotated[str, Path(min_length=1, max_length=64, description="An owner i
     responses=ERRORS,
     summary="The key's limits and what it uses of them",
     description="Jobs queued and running, bytes of uploaded data sets, and hours of "
-    "training in the trailing 24 h (each job's latest attempt, running ones up to now), "
+    "training in the trailing 24 h (every attempt, of deleted jobs too; running ones up "
+    "to now), "
     "with the limits in force (null: no limit). An admin key also gets every owner's.",
 )
 def get_usage(

@@ -13,7 +13,7 @@ from sqlalchemy import Select, Update, bindparam, delete, insert, or_, select, u
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
-from core.db import Checkpoint, DbTime, Job, Sweep, db_now, utcnow
+from core.db import AttemptTime, Checkpoint, DbTime, Job, Sweep, db_now, utcnow
 from core.errors import JobSuperseded
 from core.spec import TERMINAL, JobSpec, JobStatus, Priority
 
@@ -151,6 +151,15 @@ def running_attempt(job_id: str, attempt: int) -> Update:
     )
 
 
+def handed_back(s: Session, job_id: str, statement: Update) -> bool:
+    """Run a guarded UPDATE that moves a running job back to queued (`requeued`'s values);
+    True if its guard held, and then the attempt's time has ended."""
+    if not updated(s, statement):
+        return False
+    end_attempt_time(s, job_id=job_id)
+    return True
+
+
 def requeued(queue_entry: str, preempted: bool) -> dict[str, Any]:
     """The values of a running job handed back to the queue under a new entry; `preempted`
     counts it as a preemption, not a restart."""
@@ -190,10 +199,30 @@ def claim_job(
     )
     if not claimed:
         return None
+    start_attempt_time(s, job_id=job_id)
     job = s.get(Job, job_id)
     if job is not None:
         s.refresh(job)
     return job
+
+
+def start_attempt_time(s: Session, *, job_id: str) -> None:
+    """The time of the attempt just claimed starts counting against its owner's training
+    hours, from the claim's started_at."""
+    claimed = select(Job.owner, Job.id, Job.attempt, Job.started_at).where(Job.id == job_id)
+    s.execute(
+        insert(AttemptTime).from_select(["owner", "job_id", "attempt", "started_at"], claimed)
+    )
+
+
+def end_attempt_time(s: Session, *, job_id: str) -> None:
+    """The job's running attempt stops counting (every move off running calls this in its
+    own transaction); nothing to do for a job that was not running."""
+    s.execute(
+        update(AttemptTime)
+        .where(AttemptTime.job_id == job_id, AttemptTime.ended_at.is_(None))
+        .values(ended_at=db_now())
+    )
 
 
 def fence(s: Session, job_id: str, attempt: int, **values: Any) -> None:
@@ -251,6 +280,7 @@ def end_job(
     )
     if moved:
         s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
+        end_attempt_time(s, job_id=job_id)
     return moved
 
 
@@ -276,14 +306,16 @@ def requeue_job(
     still being silent since `silent_since` (one that beat after the read is alive).
     `preempted`: its worker had been asked to stop, so the loss counts as a preemption."""
     silent = running_attempt(job_id, attempt).where(Job.heartbeat_at < silent_since)
-    return updated(s, silent.values(**requeued(queue_entry, preempted)))
+    return handed_back(s, job_id, silent.values(**requeued(queue_entry, preempted)))
 
 
 def retry_job(s: Session, *, job_id: str, attempt: int, queue_entry: str) -> bool:
     """A running attempt that met trouble of its machine's, not of the job's, hands the job
     back: running -> queued, as a restart (it counts against max_restarts). It resumes from
     its last checkpoint. False if the attempt no longer owns the job."""
-    return updated(s, running_attempt(job_id, attempt).values(**requeued(queue_entry, False)))
+    return handed_back(
+        s, job_id, running_attempt(job_id, attempt).values(**requeued(queue_entry, False))
+    )
 
 
 def stale_queued_jobs(s: Session, *, enqueued_before: DbTime) -> Sequence[Job]:

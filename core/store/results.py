@@ -13,7 +13,14 @@ from sqlalchemy.orm import Session
 
 from core.db import Artifact, Checkpoint, EpochMetric, StepMetric, db_now
 from core.spec import JobStatus
-from core.store.jobs import fence, requeued, running_attempt, updated
+from core.store.jobs import (
+    end_attempt_time,
+    fence,
+    handed_back,
+    requeued,
+    running_attempt,
+    updated,
+)
 
 if TYPE_CHECKING:
     from core.train import EpochMetrics, StepMetrics
@@ -68,10 +75,10 @@ def preempt_job(
     """A running attempt whose worker is stopping hands its job back: running -> queued, in
     one transaction with its mid-epoch checkpoint and its steps since the last epoch. It is
     a preemption, not a restart. False if the attempt no longer owns the job."""
-    handed_back = running_attempt(job_id, attempt).values(
+    back = running_attempt(job_id, attempt).values(
         **requeued(queue_entry, preempted=True), progress_step=step
     )
-    if not updated(s, handed_back):
+    if not handed_back(s, job_id, back):
         return False
     _replace_steps(s, job_id, steps[0].step if steps else step + 1, steps)
     _replace_checkpoint(s, job_id, epoch, step, checkpoint)
@@ -99,6 +106,7 @@ def succeed_job(
     )
     if not updated(s, succeeded):
         return False
+    end_attempt_time(s, job_id=job_id)
     s.execute(delete(Artifact).where(Artifact.job_id == job_id))
     s.add_all(
         Artifact(job_id=job_id, format=m.format, data=m.data, sha256=m.sha256, size=len(m.data))

@@ -16,7 +16,7 @@ from rq.job import Job as RQJob
 from rq.job import JobStatus as RQStatus
 from rq.serializers import JSONSerializer
 
-from client.http import Client
+from client.http import ApiError, Client
 from core.db import Database
 from core.owners import owner_id
 from core.queue import enqueue_jobs, job_queue
@@ -126,6 +126,28 @@ def test_an_owner_past_its_training_hours_waits_and_others_run(rationed: Service
     b = bob.submit(SPEC)["id"]
     finished(admin, [b])
     assert [status_of(admin, i) for i in a[1:]] == ["queued", "queued"]
+
+
+def test_deleting_an_owners_ended_jobs_gives_back_none_of_its_hours(rationed: Service) -> None:
+    """Alice's first job uses up her day, and she deletes it: her next submission is still
+    refused (429), her usage still shows the time, and a free worker still starts Bob's job
+    before her other one, which waits."""
+    alice, bob = rationed.client(rationed.keys[0]), rationed.client(rationed.keys[1])
+    a = [alice.submit({**SPEC, "max_steps": 30})["id"] for _ in range(2)]
+    rationed.start_worker()
+    admin = rationed.client(rationed.admin_key)
+    (first,) = finished(admin, a[:1])
+    trained = at(first, "finished_at") - at(first, "started_at")
+    alice.delete(a[0])
+    with pytest.raises(ApiError) as refused:
+        alice.submit(SPEC)
+    assert refused.value.status == 429
+    assert refused.value.body["limit"] == "max_train_hours_per_day"
+    hours = alice.usage()["caller"]["usage"]["train_hours_24h"]
+    assert hours == pytest.approx(trained.total_seconds() / 3600, rel=0.05)
+    b = bob.submit(SPEC)["id"]
+    finished(admin, [b])
+    assert status_of(admin, a[1]) == "queued"
 
 
 def test_a_direct_entry_runs_and_counts_against_its_owner(limited: Service) -> None:

@@ -1,7 +1,9 @@
-"""The schema changes only through Alembic: head must match the models exactly."""
+"""The schema changes only through Alembic: head must match the models exactly, and each
+migration that moves data keeps it."""
 
 from __future__ import annotations
 
+import datetime as dt
 import gc
 import uuid
 from pathlib import Path
@@ -10,11 +12,12 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, select, text
+from sqlalchemy import func, inspect, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from core.db import Artifact, Base, Database, make_engine, utcnow
+from core.db import Artifact, AttemptTime, Base, Database, Job, make_engine, utcnow
 from core.local.migrate import alembic_config, upgrade
+from core.quotas import usage
 from tests.integration.conftest import database
 
 
@@ -103,3 +106,42 @@ def test_0006_refuses_to_downgrade_a_job_it_would_leave_without_a_model(
         finally:
             db.dispose()
         gc.collect()  # a connection the refused migration left open would warn here
+
+
+def job_that_ran(db: Database, status: str, **hours_ago: float) -> str:
+    """A job as an older revision left it, whose times are `hours_ago` (started_at,
+    finished_at, enqueued_at) hours before now."""
+    job_id = old_job(db)
+    now = utcnow()
+    times = {k: now - dt.timedelta(hours=h) for k, h in hours_ago.items()}
+    with db.writer() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(status=status, attempt=1, **times))
+    return job_id
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_0011_keeps_the_training_hours_of_the_jobs_before_it(kind: str, tmp_path: Path) -> None:
+    """The upgrade copies each job's latest attempt into attempt_times, so the hours its
+    owner's quota counted before it count after it; the downgrade drops the table."""
+    with database(kind, tmp_path) as url:
+        upgrade(url, "0010")
+        db = Database(url)
+        try:
+            job_that_ran(db, "succeeded", started_at=3, finished_at=1, enqueued_at=3.1)
+            job_that_ran(db, "running", started_at=0.5, enqueued_at=0.6)
+            job_that_ran(db, "queued", started_at=5, enqueued_at=4)  # requeued 4 h ago
+            job_that_ran(db, "failed", started_at=30, finished_at=23.5, enqueued_at=31)
+            job_that_ran(db, "failed", started_at=80, finished_at=79, enqueued_at=81)
+            old_job(db)  # never started
+            upgrade(url)
+            with db.reader() as s:
+                hours = usage(s, "o").train_hours_24h
+                assert hours == pytest.approx(2 + 0.5 + 1 + 0.5, abs=0.01)
+                assert s.scalar(select(func.count()).select_from(AttemptTime)) == 4
+            command.downgrade(alembic_config(url), "0010")
+            with db.reader() as s:
+                assert "attempt_times" not in inspect(s.connection()).get_table_names()
+                assert s.scalar(select(func.count()).select_from(Job)) == 6
+            upgrade(url)
+        finally:
+            db.dispose()

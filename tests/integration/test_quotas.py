@@ -21,7 +21,7 @@ import httpx
 import pytest
 from sqlalchemy import select, text, update
 
-from core.db import Database, Job
+from core.db import AttemptTime, Database, Job
 from core.owners import owner_id
 from core.queue import enqueue_job
 from core.quotas import lock_owner
@@ -292,18 +292,23 @@ def waiting_for_a_lock(db: Database) -> bool:
 
 def past(db: Database, owner: str, started_h_ago: float, ended_h_ago: float | None) -> str:
     """A job of `owner` that ran from `started_h_ago` hours ago until `ended_h_ago` (None:
-    it still runs), as the store records it: claimed, ended, then moved back in time."""
+    it still runs), as the store records it: claimed, ended, then moved back in time (its
+    row and its attempt's time)."""
     job_id = str(uuid.uuid4())
     now = dt.datetime.now(dt.UTC)
+    started = now - dt.timedelta(hours=started_h_ago)
+    ended = None if ended_h_ago is None else now - dt.timedelta(hours=ended_h_ago)
     with db.writer() as s:
         create_job(s, job_id=job_id, spec=JobSpec.model_validate(SPEC), owner=owner)
         claim_job(s, job_id=job_id, worker="w", device="cpu")
-        if ended_h_ago is not None:
+        if ended is not None:
             end_job(s, job_id=job_id, status=JobStatus.succeeded)
-        times = {"started_at": now - dt.timedelta(hours=started_h_ago)}
-        if ended_h_ago is not None:
-            times["finished_at"] = now - dt.timedelta(hours=ended_h_ago)
-        s.execute(update(Job).where(Job.id == job_id).values(**times))
+        s.execute(update(Job).where(Job.id == job_id).values(started_at=started, finished_at=ended))
+        s.execute(
+            update(AttemptTime)
+            .where(AttemptTime.job_id == job_id)
+            .values(started_at=started, ended_at=ended)
+        )
     return job_id
 
 
