@@ -217,6 +217,18 @@ def spans_by_owner(s: Session, owners: Sequence[str] | None) -> dict[str | None,
     return found
 
 
+def orphaned_attempt_times() -> ColumnElement[bool]:
+    """Attempts still open whose job no longer runs them. Every move off running ends its
+    attempt in the same transaction, so only a worker of a trainq from before attempt_times
+    leaves these (it ended the job, not the attempt); they would count up to now for good."""
+    runs_it = select(Job.id).where(
+        Job.id == AttemptTime.job_id,
+        Job.attempt == AttemptTime.attempt,
+        Job.status == JobStatus.running,
+    )
+    return AttemptTime.ended_at.is_(None) & ~runs_it.exists()
+
+
 def spent_attempt_times() -> ColumnElement[bool]:
     """The attempts that ended before any trailing day: they count for nothing."""
     return AttemptTime.ended_at < db_ago(KEEP_ATTEMPT_TIMES_S)
@@ -307,8 +319,8 @@ class JobQuotas:
 
 def queue_wait_s(spans: Sequence[Span]) -> int:
     """About when one of the key's queued jobs will have started: with n of its jobs running,
-    one ends about every (their mean run) / n, judged by its jobs that ended within the
-    trailing day; QUEUE_WAIT_GUESS_S where there is nothing to judge by."""
+    one ends about every (their mean run) / n, judged by its attempts that ended within
+    the trailing day; QUEUE_WAIT_GUESS_S where there is nothing to judge by."""
     ended = [sp.seconds for sp in spans if not sp.running]
     running = sum(sp.running for sp in spans)
     if not ended or not running:

@@ -7,8 +7,9 @@ epochs, result and run record stay. The reconciler runs one bounded pass at a ti
 (`retention_pass`), each job in a transaction of its own, so no pass holds a lock for long;
 `trainq gc` runs the same purge to the end, or reports it (`--dry-run`).
 
-The same passes forget attempts' training times that no quota counts any more
-(core.quotas); nothing else removes them, a job's deletion included.
+The same passes forget attempts' training times that no quota counts any more, and end
+those an older trainq's worker left open (core.quotas); nothing else removes them, a job's
+deletion included.
 
 Also here: the bytes trainq holds, by kind, for the Prometheus gauges."""
 
@@ -34,7 +35,7 @@ from core.db import (
     db_ago,
     db_now,
 )
-from core.quotas import spent_attempt_times
+from core.quotas import orphaned_attempt_times, spent_attempt_times
 from core.store.deletion import ENDED
 
 log = logging.getLogger("trainq.retention")
@@ -163,10 +164,28 @@ def forget_spent_attempt_times(db: Database, *, limit: int) -> int:
     return len(ids)
 
 
+def end_orphaned_attempt_times(db: Database, *, limit: int) -> int:
+    """Attempts' times still open whose job no longer runs them (core.quotas) end now; at
+    most `limit` of them a call."""
+    orphans = select(AttemptTime.id).where(orphaned_attempt_times()).limit(limit)
+    with db.reader() as s:
+        if s.scalar(orphans) is None:
+            return 0
+    with db.writer() as s:
+        ids = s.scalars(orphans).all()  # read again under the write lock: none ends twice
+        s.execute(
+            update(AttemptTime)
+            .where(AttemptTime.id.in_(ids), orphaned_attempt_times())
+            .values(ended_at=db_now())
+        )
+    return len(ids)
+
+
 def retention_pass(db: Database, settings: Settings) -> None:
     """One bounded pass of the policy, from the reconciler; a failure is the next pass's."""
     try:
         swept = sweep_checkpoints(db, limit=settings.retention_batch)
+        end_orphaned_attempt_times(db, limit=settings.retention_batch)
         forget_spent_attempt_times(db, limit=settings.retention_batch)
         gone = Footprint()
         if settings.retention_days is not None:
@@ -191,6 +210,8 @@ def retention_pass(db: Database, settings: Settings) -> None:
 def collect(db: Database, *, older_than_days: float, batch: int = 100) -> Footprint:
     """`trainq gc`: purge every expired job, a batch at a time; what they held."""
     sweep_checkpoints(db, limit=2**31)
+    while end_orphaned_attempt_times(db, limit=batch):
+        pass
     while forget_spent_attempt_times(db, limit=batch):
         pass
     total = Footprint()

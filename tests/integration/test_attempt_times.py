@@ -11,9 +11,10 @@ import uuid
 import pytest
 from sqlalchemy import func, select, update
 
+from core.config import Settings
 from core.db import AttemptTime, Database, Job
 from core.quotas import DAY_S, spans_by_owner, usage
-from core.retention import collect, forget_spent_attempt_times, purge_job
+from core.retention import collect, forget_spent_attempt_times, purge_job, retention_pass
 from core.spec import JobSpec, JobStatus
 from core.store import (
     claim_job,
@@ -149,3 +150,24 @@ def test_only_attempts_past_any_trailing_day_are_forgotten(db: Database) -> None
         ).all()
         assert kept == [recent]
         assert usage(s, recent).train_hours_24h == pytest.approx(1, abs=0.01)
+
+
+def test_an_attempt_an_older_worker_left_open_ends_at_the_next_retention_pass(
+    db: Database,
+) -> None:
+    """A worker of a trainq from before attempt_times ends its job, not its attempt: the
+    retention pass ends such an attempt, and leaves a running one counting."""
+    of = owner()
+    left_open, running = queued(db, of), queued(db, of)
+    claimed(db, left_open)
+    claimed(db, running)
+    with db.writer() as s:  # the older worker's end: the row alone
+        s.execute(update(Job).where(Job.id == left_open).values(status=JobStatus.succeeded))
+    retention_pass(db, Settings(database_url=str(db.engine.url)))
+    with db.reader() as s:
+        open_jobs = s.scalars(
+            select(AttemptTime.job_id).where(
+                AttemptTime.owner == of, AttemptTime.ended_at.is_(None)
+            )
+        ).all()
+    assert open_jobs == [running]
