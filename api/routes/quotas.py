@@ -41,8 +41,8 @@ Owner = Annotated[str, Path(min_length=1, max_length=64, description="An owner i
     summary="The key's limits and what it uses of them",
     description="Jobs queued and running, bytes of uploaded data sets, and hours of "
     "training in the trailing 24 h (every attempt, of deleted jobs too; running ones up "
-    "to now), "
-    "with the limits in force (null: no limit). An admin key also gets every owner's.",
+    "to now), with the limits in force (null: no limit). An admin key also gets every "
+    "owner's.",
 )
 def get_usage(
     request: Request, session: ReaderDep, caller: CallerDep, settings: SettingsDep
