@@ -35,21 +35,26 @@ def cli_env(**settings: str) -> dict[str, str]:
     return env
 
 
+def run_cli(
+    argv: list[str], env: dict[str, str], cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *argv],
+        cwd=cwd,
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def trainq(
     service: Service, *argv: str, key: str | None = None, cwd: Path = REPO
 ) -> subprocess.CompletedProcess[str]:
     """`trainq ARGV` with the service's address and `key` (the module's first) in the
     environment, as a user has them."""
     env = cli_env(TRAINQ_API_URL=service.url, TRAINQ_API_KEY=key or service.keys[0])
-    env["PYTHONPATH"] = str(REPO)
-    return subprocess.run(
-        [sys.executable, "-m", "cli", *argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli(list(argv), env, cwd)
 
 
 @pytest.fixture(scope="module")
@@ -151,26 +156,12 @@ def test_url_and_key_override_the_environment(
     service: Service, twins: tuple[str, str, str]
 ) -> None:
     env = cli_env(TRAINQ_API_URL=DEAD_URL, TRAINQ_API_KEY="not-a-key")
-    out = subprocess.run(
-        [sys.executable, "-m", "cli", "ls", "--url", service.url, "--key", service.keys[1]],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    api = ["--url", service.url, "--key", service.keys[1]]
+    out = run_cli(["ls", *api], env)
     assert out.returncode == 0, out.stderr
     assert twins[2] in out.stdout and twins[0] not in out.stdout
-    api = ["--url", service.url, "--key", service.keys[1]]
     for argv in (["sweep", *api, "list"], ["sweep", "list", *api]):
-        out = subprocess.run(
-            [sys.executable, "-m", "cli", *argv],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        out = run_cli(argv, env)
         assert out.returncode == 0, (argv, out.stderr)
 
 
