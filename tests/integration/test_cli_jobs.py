@@ -1,18 +1,16 @@
-"""`trainq` commands that take a job or sweep as a user runs them, each a process of its own
-against a real service: an id's first characters name it, as `ls` shows them, within the
-key's own jobs; a download without --format gets the best format the job has; --url and
---key choose the API and the key; --check refuses a record whose image shape is no data
-set's."""
+"""`trainq` commands that take a job or sweep, run as a user's shell runs them (through
+`cli.main.main`, in this process: tests/cli_runs.py) against a real service: an id's first
+characters name it, as `ls` shows them, within the key's own jobs; a download without
+--format gets the best format the job has; --url and --key choose the API and the key;
+--check refuses a record whose image shape is no data set's. An exception a command lets
+through fails its test, as a traceback would show it to a user."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import subprocess
-import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,37 +22,28 @@ from core.db import Database, Job
 from core.owners import owner_id
 from core.spec import JobStatus
 from core.store import create_job
-from tests.service import REPO, Service, trained
+from tests.cli_runs import Ran, run_trainq
+from tests.service import Service, trained
 
 DEAD_URL = "http://127.0.0.1:9"
 
 
-def cli_env(**settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINQ_")}
-    env.update(PYTHONUNBUFFERED="1", **settings)
-    return env
+Trainq = Callable[..., Ran]
 
 
-def run_cli(
-    argv: list[str], env: dict[str, str], cwd: Path = REPO
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli", *argv],
-        cwd=cwd,
-        env={**env, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
+@pytest.fixture
 def trainq(
-    service: Service, *argv: str, key: str | None = None, cwd: Path = REPO
-) -> subprocess.CompletedProcess[str]:
-    """`trainq ARGV` with the service's address and `key` (the module's first) in the
-    environment, as a user has them."""
-    env = cli_env(TRAINQ_API_URL=service.url, TRAINQ_API_KEY=key or service.keys[0])
-    return run_cli(list(argv), env, cwd)
+    service: Service, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Trainq:
+    """`trainq(*argv, key=None, cwd=None, **settings)`: with the service's address and `key`
+    (the module's first) in TRAINQ_API_URL and TRAINQ_API_KEY, as a user has them, unless
+    `settings` names others."""
+
+    def run(*argv: str, key: str | None = None, cwd: Path | None = None, **settings: str) -> Ran:
+        env = {"TRAINQ_API_URL": service.url, "TRAINQ_API_KEY": key or service.keys[0]}
+        return run_trainq(capsys, monkeypatch, list(argv), {**env, **settings}, cwd)
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -86,42 +75,42 @@ def twins(service: Service, database: Database) -> tuple[str, str, str]:
 
 
 def test_an_ids_first_characters_name_the_job_in_every_command(
-    service: Service, twins: tuple[str, str, str]
+    trainq: Trainq, twins: tuple[str, str, str]
 ) -> None:
     first, _, _ = twins
     short = first[:8]
-    watched = trainq(service, "watch", short)
+    watched = trainq("watch", short)
     ended = json.loads(watched.stdout.splitlines()[-1])
     assert watched.returncode == 1 and (ended["id"], ended["status"]) == (first, "canceled")
-    canceled = trainq(service, "cancel", short.upper())
+    canceled = trainq("cancel", short.upper())
     assert canceled.returncode == 1 and f"job {first} already ended" in canceled.stderr
-    compared = trainq(service, "compare", short, first[:10])
+    compared = trainq("compare", short, first[:10])
     assert compared.returncode == 0, compared.stderr
     assert compared.stdout.splitlines()[0].split() == [first[:8], first[:8]]
 
 
 def test_a_prefix_of_two_jobs_lists_them_and_one_of_none_says_so(
-    service: Service, twins: tuple[str, str, str]
+    trainq: Trainq, twins: tuple[str, str, str]
 ) -> None:
     first, second, _ = twins
     for command in ("watch", "download", "cancel"):
-        out = trainq(service, command, first[:6])
+        out = trainq(command, first[:6])
         assert out.returncode == 1, out.stderr
         assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
         assert f"job id {first[:6]} is ambiguous" in out.stderr
         assert first in out.stderr and second in out.stderr
     missing = "0000" if not first.startswith("0000") else "ffff"
-    out = trainq(service, "download", missing)
+    out = trainq("download", missing)
     assert out.returncode == 1 and out.stderr == f"trainq: no job {missing}\n"
-    out = trainq(service, "watch", "abc")
+    out = trainq("watch", "abc")
     assert out.returncode == 1 and "first 4 characters or more" in out.stderr
 
 
 def test_a_prefix_never_finds_another_keys_job(
-    service: Service, twins: tuple[str, str, str]
+    service: Service, trainq: Trainq, twins: tuple[str, str, str]
 ) -> None:
     first, _, other = twins
-    out = trainq(service, "watch", other[:8], key=service.keys[0])
+    out = trainq("watch", other[:8], key=service.keys[0])
     assert out.returncode == 1 and out.stderr == f"trainq: no job {other[:8]}\n"
     # The API's listing by prefix is the caller's own jobs alone; an admin's, everyone's.
     listed = service.client(service.keys[1]).jobs(id_prefix=first[:6])
@@ -136,32 +125,32 @@ def test_a_prefix_never_finds_another_keys_job(
     assert r.status_code == 422  # too short to name anything
 
 
-def test_a_sweeps_first_characters_name_it(service: Service) -> None:
+def test_a_sweeps_first_characters_name_it(service: Service, trainq: Trainq) -> None:
     c = service.client()
     base = {"epochs": 1, "max_steps": 1, "export": ["torchscript"]}
     sweep = c.create_sweep({"base": base, "space": {"lr": {"choice": [1e-3, 2e-3]}}})
     c.cancel_sweep(sweep["id"])
-    shown = trainq(service, "sweep", "show", sweep["id"][:8], "--json")
+    shown = trainq("sweep", "show", sweep["id"][:8], "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["id"] == sweep["id"]
-    canceled = trainq(service, "sweep", "cancel", sweep["id"][:8])
+    canceled = trainq("sweep", "cancel", sweep["id"][:8])
     assert canceled.returncode == 1 and "already ended" in canceled.stderr
-    watched = trainq(service, "sweep", "watch", sweep["id"][:8])
+    watched = trainq("sweep", "watch", sweep["id"][:8])
     assert watched.returncode == 3, watched.stderr
-    out = trainq(service, "sweep", "watch", sweep["id"][:8], key=service.keys[1])
+    out = trainq("sweep", "watch", sweep["id"][:8], key=service.keys[1])
     assert out.returncode == 1 and out.stderr == f"trainq: no sweep {sweep['id'][:8]}\n"
 
 
 def test_url_and_key_override_the_environment(
-    service: Service, twins: tuple[str, str, str]
+    service: Service, trainq: Trainq, twins: tuple[str, str, str]
 ) -> None:
-    env = cli_env(TRAINQ_API_URL=DEAD_URL, TRAINQ_API_KEY="not-a-key")
+    env = {"TRAINQ_API_URL": DEAD_URL, "TRAINQ_API_KEY": "not-a-key"}
     api = ["--url", service.url, "--key", service.keys[1]]
-    out = run_cli(["ls", *api], env)
+    out = trainq("ls", *api, **env)
     assert out.returncode == 0, out.stderr
     assert twins[2] in out.stdout and twins[0] not in out.stdout
     for argv in (["sweep", *api, "list"], ["sweep", "list", *api]):
-        out = run_cli(argv, env)
+        out = trainq(*argv, **env)
         assert out.returncode == 0, (argv, out.stderr)
 
 
@@ -173,7 +162,7 @@ def onnx_only(service: Service) -> dict[str, Any]:
 
 @pytest.mark.slow  # an ONNX export
 def test_the_default_download_is_the_best_format_the_job_has(
-    service: Service, onnx_only: dict[str, Any], tmp_path: Path
+    service: Service, trainq: Trainq, onnx_only: dict[str, Any], tmp_path: Path
 ) -> None:
     assert onnx_only["formats"] == ["onnx"] and onnx_only["default_format"] == "onnx"
     r = httpx.get(
@@ -182,13 +171,13 @@ def test_the_default_download_is_the_best_format_the_job_has(
     )
     assert r.status_code == 200, r.text
     assert r.headers["content-disposition"].endswith('.onnx"')
-    out = trainq(service, "download", onnx_only["id"][:8], cwd=tmp_path)
+    out = trainq("download", onnx_only["id"][:8], cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     model = tmp_path / f"trainq-{onnx_only['id']}.onnx"
     assert model.read_bytes() == r.content
-    asked = trainq(service, "download", onnx_only["id"], "--format", "torchscript", cwd=tmp_path)
+    asked = trainq("download", onnx_only["id"], "--format", "torchscript", cwd=tmp_path)
     assert asked.returncode == 1 and "offers no torchscript model" in asked.stderr
-    checked = trainq(service, "download", onnx_only["id"], "--check", cwd=tmp_path)
+    checked = trainq("download", onnx_only["id"], "--check", cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr
     assert "1×28×28 images in, logits shape (1, 10)" in checked.stderr
 
@@ -201,6 +190,7 @@ def test_the_default_download_is_the_best_format_the_job_has(
 )
 def test_check_runs_no_model_on_a_shape_no_data_set_has(
     service: Service,
+    trainq: Trainq,
     database: Database,
     onnx_only: dict[str, Any],
     tmp_path: Path,
@@ -212,7 +202,7 @@ def test_check_runs_no_model_on_a_shape_no_data_set_has(
     with database.writer() as s:
         s.execute(update(Job).where(Job.id == job_id).values(record=forged))
     try:
-        out = trainq(service, "download", job_id, "--check", cwd=tmp_path)
+        out = trainq("download", job_id, "--check", cwd=tmp_path)
     finally:
         with database.writer() as s:
             s.execute(update(Job).where(Job.id == job_id).values(record=record))

@@ -5,31 +5,27 @@ command that talks to it prints one line and exits 69, the code `trainq --help` 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from cli.options import add_spec_options, spec_from_args
+from tests.cli_runs import Ran, run_trainq
 
-ROOT = Path(__file__).resolve().parents[2]
 DEAD_URL = "http://127.0.0.1:9"  # a closed port
 JOB = "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"
+Trainq = Callable[..., Ran]
 
 
-def trainq(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINQ_")}
-    env.update(TRAINQ_API_URL=DEAD_URL, TRAINQ_API_KEY="a-key")
-    return subprocess.run(
-        [sys.executable, "-m", "cli", *argv],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+@pytest.fixture
+def trainq(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Trainq:
+    """`trainq(*argv)` with TRAINQ_API_URL at a closed port."""
+
+    def run(*argv: str) -> Ran:
+        settings = {"TRAINQ_API_URL": DEAD_URL, "TRAINQ_API_KEY": "a-key"}
+        return run_trainq(capsys, monkeypatch, list(argv), settings)
+
+    return run
 
 
 @pytest.mark.parametrize(
@@ -51,19 +47,19 @@ def trainq(*argv: str) -> subprocess.CompletedProcess[str]:
     ],
     ids=" ".join,
 )
-def test_with_the_api_away_each_command_prints_one_line(argv: list[str]) -> None:
+def test_with_the_api_away_each_command_prints_one_line(trainq: Trainq, argv: list[str]) -> None:
     out = trainq(*argv)
     assert out.returncode == 69, out.stderr
     assert out.stderr == f"trainq: cannot reach the API at {DEAD_URL}: connection refused\n"
 
 
-def test_url_overrides_the_environment() -> None:
+def test_url_overrides_the_environment(trainq: Trainq) -> None:
     out = trainq("ls", "--url", "http://127.0.0.1:7")
     assert out.returncode == 69
     assert out.stderr.startswith("trainq: cannot reach the API at http://127.0.0.1:7: ")
 
 
-def test_the_help_lists_the_exit_codes() -> None:
+def test_the_help_lists_the_exit_codes(trainq: Trainq) -> None:
     out = trainq("--help")
     assert out.returncode == 0, out.stderr
     assert "69   the API cannot be reached" in out.stdout
@@ -82,13 +78,7 @@ def test_a_field_that_may_be_null_takes_null() -> None:
     assert spec_of("--ema-decay", "0.99")["ema_decay"] == 0.99
 
 
-def test_null_is_refused_where_the_field_cannot_be_null() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "cli", "submit", "--epochs", "null", "--lr", "null"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_null_is_refused_where_the_field_cannot_be_null(trainq: Trainq) -> None:
+    out = trainq("submit", "--epochs", "null", "--lr", "null")
     assert out.returncode == 2
     assert "epochs: " in out.stderr and "lr: " in out.stderr and "Traceback" not in out.stderr
