@@ -5,15 +5,29 @@ missing one, so that no key learns what others have."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import HTTPException
+from fastapi import HTTPException, Query
 from sqlalchemy.orm import Session
 
 from api.auth import Caller
 from core.db import Job, UserDataset
 from core.spec import JobSpec, model_too_large, user_dataset_id
 from core.store import get_dataset, get_job, job_access
+
+MIN_ID_PREFIX = 4
+# `trainq` and the dashboard show ids by their first characters: a listing narrowed to the
+# caller's own ids that start so is how a client finds the whole id (a short prefix would
+# list nearly everything).
+IdPrefix = Annotated[
+    str | None,
+    Query(
+        min_length=MIN_ID_PREFIX,
+        max_length=36,
+        pattern=r"^[0-9a-fA-F-]+$",
+        description=f"Only ids that start with this ({MIN_ID_PREFIX} characters or more).",
+    ),
+]
 
 
 def visible_job(session: Session, caller: Caller, job_id: uuid.UUID) -> Job:

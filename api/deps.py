@@ -17,6 +17,7 @@ from typing import Annotated, Concatenate, ParamSpec, TypeVar
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.orm import Session
@@ -68,7 +69,18 @@ async def get_optional_caller(request: Request) -> Caller | None:
     return caller
 
 
-async def get_caller(request: Request) -> Caller:
+# The bearer scheme, declared for the OpenAPI (the docs' Authorize button and every route's
+# `security`). It only reads the header again: the key was checked by api.auth.RequireKey
+# before routing, before any body was read, and the caller found there is the one used.
+bearer_key = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearer",
+    description="An API key (TRAINQ_API_KEYS), sent as `Authorization: Bearer <key>`.",
+)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_key)]
+
+
+async def get_caller(request: Request, _: BearerDep) -> Caller:
     caller = await get_optional_caller(request)
     if caller is None:
         raise HTTPException(
@@ -77,10 +89,9 @@ async def get_caller(request: Request) -> Caller:
     return caller
 
 
-async def get_admin(request: Request) -> Caller:
+async def get_admin(caller: Annotated[Caller, Depends(get_caller)]) -> Caller:
     """The caller, if its key is an admin's; 403 otherwise (a route for admins alone, listed
     in the docs: refusing it hides nothing)."""
-    caller = await get_caller(request)
     if not caller.admin:
         raise HTTPException(status_code=403, detail="this route needs an admin key")
     return caller

@@ -22,8 +22,10 @@ from core.errors import (
     TooManyFollowers,
     TrainqError,
 )
+from core.field_errors import readable
 
 log = logging.getLogger("trainq.api")
+JSON_HINT = "send a JSON object with Content-Type: application/json"
 # The named errors a route lets through, and what each answers.
 STATUS: dict[type[TrainqError], int] = {
     JobActive: 409,
@@ -49,9 +51,11 @@ def _json_safe(value: Any) -> Any:
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        """422 naming each field (`loc`), also when the input held NaN or Infinity."""
-        return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, 422)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """422 naming each field (`loc`), also when the input held NaN or Infinity, each
+        message as a person reads it."""
+        problems = [_problem(request, error) for error in exc.errors()]
+        return JSONResponse({"detail": _json_safe(jsonable_encoder(problems))}, 422)
 
     async def refused(_: Request, exc: Exception) -> JSONResponse:
         """trainq's named refusals (core.errors), each with its status code."""
@@ -88,6 +92,52 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(OperationalError)
     async def database_busy(_: Request, exc: Exception) -> JSONResponse:
         return _unavailable("the database is busy or unavailable", exc)
+
+
+def _problem(request: Request, error: dict[str, Any]) -> dict[str, Any]:
+    """The error with a readable `msg`: a body that is no JSON object says so, a misspelt
+    field names the one it was probably meant to be (core.field_errors)."""
+    loc = list(error.get("loc", ()))
+    if loc[:1] != ["body"]:
+        return {**error, "msg": readable(error, None)}
+    body = _not_a_json_object(request, error)
+    if body is not None:
+        return {**error, "msg": body}
+    return {**error, "msg": readable(error, _body_model(request), loc[1:])}
+
+
+def _not_a_json_object(request: Request, error: dict[str, Any]) -> str | None:
+    """What is wrong with a body that is not a JSON object as a whole (a form, text, an
+    empty body, broken JSON, an array), or None."""
+    kind = error.get("type")
+    if kind == "json_invalid":
+        why = (error.get("ctx") or {}).get("error", "decode error")
+        return f"the body is not valid JSON ({why}): {JSON_HINT}"
+    if tuple(error.get("loc", ())) != ("body",):
+        return None
+    if kind == "missing":
+        return f"the body is empty: {JSON_HINT}"
+    content_type = request.headers.get("content-type")
+    if not _is_json(content_type):
+        return (
+            f"the body was not read as JSON (Content-Type: {content_type or 'none'}): {JSON_HINT}"
+        )
+    if kind in ("model_attributes_type", "dict_type"):
+        return f"the body is JSON but not an object: {JSON_HINT}"
+    return None
+
+
+def _is_json(content_type: str | None) -> bool:
+    media = (content_type or "").partition(";")[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def _body_model(request: Request) -> Any:
+    """The type the matched route reads its body as (None for a route without one)."""
+    field = getattr(request.scope.get("route"), "body_field", None)
+    return field.field_info.annotation if field is not None else None
 
 
 def quota_refusal(exc: QuotaExceeded) -> JSONResponse:

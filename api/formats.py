@@ -1,5 +1,5 @@
 """A job's model formats over HTTP: how each is served, which ones a job offers, why one is
-not offered, and which one answers predictions."""
+not offered, which one a download sends by default and which one answers predictions."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ MEDIA_TYPES = {
 PREDICT_ORDER = (ExportFormat.onnx, ExportFormat.torchscript, ExportFormat.pt2)
 
 
+# GET /jobs/{id}/model without ?format= sends the first of these that the job offers:
+# TorchScript where the job has it (the download that was always the default), else ONNX,
+# which any ONNX runtime loads without torch, else torch.export's archive.
+DOWNLOAD_ORDER = (ExportFormat.torchscript, ExportFormat.onnx, ExportFormat.pt2)
+
+
 def filename(job_id: str, fmt: ExportFormat) -> str:
     return f"trainq-{job_id}{fmt.suffix}"
 
@@ -34,10 +40,22 @@ def offered_formats(job: Job) -> list[ExportFormat]:
     return [ExportFormat(f) for f, entry in formats.items() if entry.get("ok")]
 
 
+def default_format(job: Job) -> ExportFormat | None:
+    """The format a download sends when none is asked for: the best the job offers; None
+    while it offers none."""
+    offered = offered_formats(job)
+    return next((fmt for fmt in DOWNLOAD_ORDER if fmt in offered), None)
+
+
+def asked_formats(job: Job) -> list[ExportFormat]:
+    """The formats the job's spec asked for (a spec from before `export`: TorchScript)."""
+    return [ExportFormat(f) for f in job.spec.get("export", [ExportFormat.torchscript])]
+
+
 def not_offered(job: Job, fmt: ExportFormat) -> str:
     """Why the succeeded `job` has no model in `fmt`, and what it has instead."""
     offered = ", ".join(offered_formats(job)) or "none"
-    asked = job.spec.get("export", [ExportFormat.torchscript])
+    asked = asked_formats(job)
     entry = (_record_formats(job) or {}).get(fmt, {})
     if fmt not in asked:
         why = f"its spec did not ask for it (export: {', '.join(asked)})"

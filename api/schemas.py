@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from core.quotas import Limits, Usage
-from core.spec import JobStatus
+from core.spec import ExportFormat, JobStatus
 
 # The database's step columns are 32-bit integers: no cursor past this names a step.
 
@@ -47,7 +47,9 @@ class Links(BaseModel):
     metrics: str
     epochs: str
     events: str
-    model: str = Field(description="The TorchScript model (add ?format= for another).")
+    model: str = Field(
+        description="The model in the job's `default_format` (add ?format= for another)."
+    )
     models: dict[str, str] = Field(
         default_factory=dict,
         description="Per format the job offers (torchscript, pt2, onnx), its download; "
@@ -78,6 +80,16 @@ class JobOut(BaseModel):
     result: JobResult | None
     sweep: TrialOf | None = Field(None, description="The sweep this job is a trial of.")
     error: JobError | None
+    formats: list[ExportFormat] = Field(
+        default_factory=list,
+        description="The model formats the job offers for download; empty until it "
+        "succeeds, and once its model is purged.",
+    )
+    default_format: ExportFormat | None = Field(
+        None,
+        description="The best format the job offers, the one GET /jobs/{id}/model sends "
+        "without ?format= (TorchScript, else ONNX, else pt2); null while it offers none.",
+    )
     links: Links
 
 

@@ -1,5 +1,9 @@
 """`trainq submit`, `ls`, `watch`, `cancel`, `download`, `usage`: the API from the shell. Light: no
-torch (but `download --check`, which loads the model), none of the server's libraries."""
+torch (but `download --check`, which loads the model), none of the server's libraries.
+
+A job is named by its id or the id's first characters (`Client.find_job_id`). A refusal, an
+id that names no job and an API that cannot be reached each print one line (cli.problems,
+called by cli.main for whatever a command lets through)."""
 
 from __future__ import annotations
 
@@ -12,16 +16,19 @@ from typing import Any
 from tqdm import tqdm
 
 from cli.options import spec_from_args
-from client.http import ApiError, Client
+from client.http import Client
 from core.config import Settings
 from core.spec import ExportFormat, JobStatus
 
 SPARKS = "▁▂▃▄▅▆▇█"
 
 
-def client() -> Client:
+def client(args: argparse.Namespace) -> Client:
+    """A client of the API that --url names (default TRAINQ_API_URL), with the key --key
+    gives (default TRAINQ_API_KEY, else the key file)."""
     settings = Settings()
-    key = settings.api_key
+    url = getattr(args, "api_url", None) or settings.client_url
+    key = getattr(args, "api_key", None) or settings.api_key
     if not key:
         if not settings.key_file.exists():
             raise SystemExit(
@@ -29,19 +36,19 @@ def client() -> Client:
                 f"{settings.key_file})"
             )
         key = settings.key_file.read_text().strip()
-    return Client(settings.client_url, key)
+    return Client(url, key)
 
 
 def submit_command(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
-    with client() as c:
+    with client(args) as c:
         job = c.submit(spec.model_dump(mode="json", exclude_defaults=True), args.idempotency_key)
         print(job["id"])
         return _watch(c, job["id"]) if args.wait else 0
 
 
 def ls_command(args: argparse.Namespace) -> int:
-    with client() as c:
+    with client(args) as c:
         print(f"{'id':36}  {'status':9}  {'accuracy':>8}  {'img/s':>8}  created")
         for i, job in enumerate(c.jobs(status=args.status)):
             if i >= args.limit:
@@ -54,8 +61,8 @@ def ls_command(args: argparse.Namespace) -> int:
 
 
 def watch_command(args: argparse.Namespace) -> int:
-    with client() as c:
-        return _watch(c, args.job_id)
+    with client(args) as c:
+        return _watch(c, c.find_job_id(args.job_id))
 
 
 def sparkline(values: list[float], width: int = 60) -> str:
@@ -113,51 +120,28 @@ def _watch(c: Client, job_id: str) -> int:
 
 
 def cancel_command(args: argparse.Namespace) -> int:
-    with client() as c:
-        try:
-            job = c.cancel(args.job_id)
-        except ApiError as e:
-            print(f"trainq: {e}", file=sys.stderr)
-            return 1
+    with client(args) as c:
+        job = c.cancel(c.find_job_id(args.job_id))
     print(f"{job['id']} {job['status']}")
     return 0
 
 
 def download_command(args: argparse.Namespace) -> int:
-    fmt = ExportFormat(args.format)
-    path = args.output or Path(f"trainq-{args.job_id}{fmt.suffix}")
-    with client() as c:
-        try:
-            sha = c.download(args.job_id, path, format=fmt)
-            # The model takes the images of its data set: the run record says which shape.
-            shape = c.record(args.job_id)["dataset"]["image_shape"] if args.check else None
-        except ApiError as e:
-            print(f"trainq: {e}", file=sys.stderr)
-            return 1
+    with client(args) as c:
+        job_id = c.find_job_id(args.job_id)
+        # Not asked for one: the format the API sends by default, the best the job offers
+        # (none yet: the API's refusal below says why).
+        fmt = args.format or c.job(job_id)["default_format"]
+        suffix = ExportFormat(fmt).suffix if fmt else ".pt"
+        path = args.output or Path(f"trainq-{job_id}{suffix}")
+        sha = c.download(job_id, path, format=fmt)
+        record = c.record(job_id) if args.check else None
     print(f"{path} sha256 {sha}", file=sys.stderr)
-    if shape is not None:
-        try:
-            import torch
+    if record is None or fmt is None:
+        return 0
+    from cli.model_check import check_model
 
-            from core.train.verify_export import load_model
-
-            model = load_model(fmt, path.read_bytes())
-        except ImportError as e:
-            print(
-                f"trainq: --check loads the model, which needs {e.name}, which this install "
-                "lacks: pip install 'trainq[worker]' (the file is downloaded and its sha256 "
-                "checked)",
-                file=sys.stderr,
-            )
-            return 1
-        with torch.inference_mode():
-            logits = model(torch.zeros(1, *shape))
-        print(
-            f"{path} loads: {'×'.join(map(str, shape))} images in, logits shape "
-            f"{tuple(logits.shape)}",
-            file=sys.stderr,
-        )
-    return 0
+    return check_model(ExportFormat(fmt), path, record)
 
 
 # `trainq usage`: per line, "used/limit" ("-": no limit).
@@ -169,13 +153,9 @@ USAGE_COLUMNS = (
 )
 
 
-def usage_command(_: argparse.Namespace) -> int:
-    with client() as c:
-        try:
-            report = c.usage()
-        except ApiError as e:
-            print(f"trainq: {e}", file=sys.stderr)
-            return 1
+def usage_command(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        report = c.usage()
     print("\n".join(usage_table(report)))
     return 0
 

@@ -7,9 +7,8 @@ import argparse
 from typing import Any
 
 from cli.client_cmd import client
-from cli.problems import refused
 from cli.table import aligned, cell
-from client.http import ApiError, Client
+from client.http import Client
 from core.spec import JobSpec
 
 # Each final metric and how it is shown.
@@ -24,12 +23,9 @@ METRICS = {
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    with client() as c:
-        try:
-            jobs = [c.job(job_id) for job_id in args.job_ids]
-            metrics = [final_metrics(c, job) for job in jobs]
-        except ApiError as e:
-            return refused(e)
+    with client(args) as c:
+        jobs = [c.job(c.find_job_id(given)) for given in args.job_ids]
+        metrics = [final_metrics(c, job) for job in jobs]
     print("\n".join(compare_table(jobs, metrics)))
     return 0
 

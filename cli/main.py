@@ -37,7 +37,7 @@ COMMANDS = {
     "ls": Command("List jobs, newest first.", options.ls_options, "cli.client_cmd:ls_command"),
     "watch": Command(
         "Follow a job live: progress bar, epochs, a loss sparkline.",
-        options.id_option,
+        options.job_options,
         "cli.client_cmd:watch_command",
     ),
     "sweep": Command(
@@ -52,7 +52,7 @@ COMMANDS = {
         "cli.compare_cmd:compare_command",
     ),
     "cancel": Command(
-        "Cancel a queued or running job.", options.id_option, "cli.client_cmd:cancel_command"
+        "Cancel a queued or running job.", options.job_options, "cli.client_cmd:cancel_command"
     ),
     "download": Command(
         "Download a job's model: TorchScript, pt2 or ONNX (sha256 checked).",
@@ -61,7 +61,7 @@ COMMANDS = {
     ),
     "usage": Command(
         "Show the key's quotas and what it uses of them (an admin key: every key's).",
-        options.no_options,
+        options.api_options,
         "cli.client_cmd:usage_command",
     ),
     "migrate": Command(
@@ -100,11 +100,25 @@ COMMANDS = {
 }
 
 
+EXIT_CODES = """exit codes:
+  0    done
+  1    the API refused or the job failed (the message says why)
+  2    an invalid option, job spec or sweep
+  3    the sweep was canceled (sweep, sweep watch)
+  69   the API cannot be reached (its address: --url or TRAINQ_API_URL)
+  130  stopped by ^C"""
+
+
 def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
     """Every command is listed; only the one named first in `argv` gets its arguments (the
     job spec's options need the JobSpec, which costs more than the rest of the start-up)."""
     chosen = argv[0] if argv else None
-    parser = argparse.ArgumentParser(prog="trainq", description="Training-as-a-service for PyTorch")
+    parser = argparse.ArgumentParser(
+        prog="trainq",
+        description="Training-as-a-service for PyTorch",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
         command_parser = sub.add_parser(name, help=command.help, description=command.help)
@@ -119,13 +133,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command].runner()(args)
     except Exception as e:
-        # pydantic is imported by the commands that validate, not here: whatever raised a
-        # ValidationError has loaded it already.
-        from pydantic import ValidationError
+        # Loaded only here: what it reads (pydantic, httpx) is loaded already by whatever
+        # raised, and `trainq --help` stays light.
+        from cli.problems import exit_code
 
-        if not isinstance(e, ValidationError):
-            raise
-        from core.errors import field_problems
-
-        print("\n  ".join(["invalid job spec:", *field_problems(e)]), file=sys.stderr)
-        return 2
+        code = exit_code(e)
+        if code is None:
+            raise  # not a thing a user can cause: its traceback is wanted
+        return code

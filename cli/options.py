@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
+
     from core.spec import JobSpec
 
 
@@ -23,6 +26,7 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
         shown = (
             ",".join(default) if isinstance(default, tuple) else getattr(default, "value", default)
         )
+        shown = "null" if default is None else shown
         group.add_argument(
             f"--{name.replace('_', '-')}",
             dest=f"spec_{name}",
@@ -44,18 +48,51 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     for key, value in vars(args).items():
         if key.startswith("spec_") and value is not None:
             name = key.removeprefix("spec_")
-            # A list field (export) takes its items comma-separated: --export onnx,pt2
-            listed = isinstance(JobSpec.model_fields[name].default, tuple)
-            values[name] = value.split(",") if listed else value
+            values[name] = option_value(JobSpec.model_fields[name], value)
     return JobSpec.model_validate(values)
+
+
+def option_value(field: FieldInfo, text: str) -> Any:
+    """A spec option's text as the field takes it: a list field (export) its items
+    comma-separated (--export onnx,pt2); a field that may be null, null as in JSON
+    (--ema-decay null); else the text, which JobSpec parses."""
+    if isinstance(field.default, tuple):
+        return text.split(",")
+    if text == "null" and types.NoneType in get_args(field.annotation):
+        return None
+    return text
 
 
 def no_options(_: argparse.ArgumentParser) -> None:
     pass
 
 
+def api_options(p: argparse.ArgumentParser, inherited: bool = False) -> None:
+    """Where the API is and the key to it. `inherited`: the options are on a parent parser
+    too (`trainq sweep --url U watch ID`), whose value a sub-command given none keeps."""
+    default = argparse.SUPPRESS if inherited else None
+    group = p.add_argument_group("the API")
+    group.add_argument(
+        "--url",
+        dest="api_url",
+        metavar="URL",
+        default=default,
+        help="the API's address (default TRAINQ_API_URL, else http://TRAINQ_HOST:TRAINQ_PORT)",
+    )
+    group.add_argument(
+        "--key",
+        dest="api_key",
+        metavar="KEY",
+        default=default,
+        help="the API key (default TRAINQ_API_KEY, else the key file `trainq up` writes in "
+        "TRAINQ_DATA_DIR); other users of this machine can read a command line, the "
+        "variable is safer",
+    )
+
+
 def submit_options(p: argparse.ArgumentParser) -> None:
     add_spec_options(p)
+    api_options(p)
     p.add_argument("--idempotency-key", help="resubmitting with the same key returns the same job")
     p.add_argument("--wait", action="store_true", help="follow the job until it ends")
 
@@ -65,10 +102,15 @@ def ls_options(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--status", choices=[s.value for s in JobStatus])
     p.add_argument("--limit", type=int, default=20)
+    api_options(p)
 
 
-def id_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("job_id")
+ID_HELP = "the id, or its first characters (4 or more) if no other {} of yours starts so"
+
+
+def job_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job_id", metavar="JOB", help=ID_HELP.format("job"))
+    api_options(p)
 
 
 # core.spec.ExportFormat's values, spelled here so that `download --help` builds without
@@ -77,15 +119,20 @@ MODEL_FORMATS = ("torchscript", "pt2", "onnx")
 
 
 def download_options(p: argparse.ArgumentParser) -> None:
-    id_option(p)
+    job_options(p)
     p.add_argument(
         "--format",
         choices=MODEL_FORMATS,
-        default=MODEL_FORMATS[0],
-        help="the model's format (default torchscript); the job lists those it offers",
+        help="the model's format (default: the best the job offers, its `default_format`: "
+        "torchscript, else onnx, else pt2)",
     )
     p.add_argument("-o", "--output", type=Path, help="default trainq-<id>.pt (.pt2, .onnx)")
-    p.add_argument("--check", action="store_true", help="load the model and run one image")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="then load the model and run one blank image through it, in this process: "
+        "that runs what the server sent, so check only models from a server you trust",
+    )
 
 
 def train_options(p: argparse.ArgumentParser) -> None:
@@ -207,15 +254,25 @@ def sweep_options(p: argparse.ArgumentParser) -> None:
         "--idempotency-key", metavar="KEY", help="starting again with it returns the same sweep"
     )
     search.add_argument("--detach", action="store_true", help="print the sweep's id and exit")
+    api_options(p)
     sub = p.add_subparsers(dest="sweep_command", metavar="{watch,list,cancel,show}")
-    sub.add_parser("watch", help="follow a sweep live").add_argument("sweep_id")
+    _sweep_id(sub.add_parser("watch", help="follow a sweep live"))
     listing = sub.add_parser("list", help="sweeps, newest first")
     listing.add_argument("--limit", type=int, default=20)
-    sub.add_parser("cancel", help="no more trials; stop those in flight").add_argument("sweep_id")
+    api_options(listing, inherited=True)
+    _sweep_id(sub.add_parser("cancel", help="no more trials; stop those in flight"))
     shown = sub.add_parser("show", help="a sweep's trials and best trial")
-    shown.add_argument("sweep_id")
+    _sweep_id(shown)
     shown.add_argument("--json", dest="as_json", action="store_true", help="the sweep as JSON")
 
 
+def _sweep_id(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sweep_id", metavar="SWEEP", help=ID_HELP.format("sweep"))
+    api_options(p, inherited=True)
+
+
 def compare_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("job_ids", nargs="+", metavar="JOB", help="two jobs or more")
+    p.add_argument(
+        "job_ids", nargs="+", metavar="JOB", help="two jobs or more: " + ID_HELP.format("job")
+    )
+    api_options(p)

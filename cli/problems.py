@@ -1,15 +1,54 @@
-"""How an API refusal reads on the terminal, and the exit code it gives: a 422 names each
-field that is wrong (exit 2, as argparse does for a bad flag), a 429 the quota and when to
-retry."""
+"""How a failure a user can meet reads on the terminal, and the exit code it gives (the
+list is `trainq --help`'s): an API refusal one line, a 422 each field that is wrong (exit 2,
+as argparse does for a bad flag), a 429 the quota and when to retry; an id that names no
+job, or several; an API that cannot be reached, one line and exit 69."""
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
-from client.http import ApiError
+import httpx
+from pydantic import ValidationError
+
+from client.http import ApiError, IdNotFound
 
 INVALID = 2
+UNREACHABLE = 69  # sysexits.h's EX_UNAVAILABLE: a service the command needs is not there
+
+
+def exit_code(e: Exception) -> int | None:
+    """Print `e` as one message and return the command's exit code; None for an exception
+    no user can cause (a bug, whose traceback is wanted)."""
+    if isinstance(e, ApiError):
+        return refused(e)
+    if isinstance(e, IdNotFound):
+        print(f"trainq: {e}", file=sys.stderr)
+        return 1
+    if isinstance(e, httpx.TransportError):
+        print(f"trainq: {unreachable(e)}", file=sys.stderr)
+        return UNREACHABLE
+    if isinstance(e, ValidationError):
+        from core.errors import field_problems
+        from core.spec import JobSpec
+
+        model = JobSpec if e.title == JobSpec.__name__ else None
+        what = "job spec" if model else e.title
+        print("\n  ".join([f"invalid {what}:", *field_problems(e, model)]), file=sys.stderr)
+        return INVALID
+    return None
+
+
+def unreachable(e: httpx.TransportError) -> str:
+    """`cannot reach the API at http://host:port: connection refused`"""
+    try:
+        url = e.request.url
+        where = f"{url.scheme}://{url.netloc.decode()}"
+    except RuntimeError:  # an error raised before its request was made
+        where = "its address"
+    why = re.sub(r"^\[Errno -?\d+\] ", "", str(e)).strip() or type(e).__name__
+    return f"cannot reach the API at {where}: {why[:1].lower()}{why[1:]}"
 
 
 def refused(e: ApiError, what: str = "the request") -> int:

@@ -35,7 +35,7 @@ def start(args: argparse.Namespace) -> int:
     except FlagError as e:
         print(f"trainq sweep: {e}", file=sys.stderr)
         return 2
-    with client() as c:
+    with client(args) as c:
         try:
             sweep = c.create_sweep(body, args.idempotency_key)
         except ApiError as e:
@@ -52,8 +52,8 @@ def start(args: argparse.Namespace) -> int:
 
 
 def watch(args: argparse.Namespace) -> int:
-    with client() as c:
-        return follow(c, args.sweep_id)
+    with client(args) as c:
+        return follow(c, c.find_sweep_id(args.sweep_id))
 
 
 def follow(c: Client, sweep_id: str) -> int:
@@ -93,14 +93,11 @@ def ended(sweep: dict[str, Any]) -> int:
 
 def list_sweeps(args: argparse.Namespace) -> int:
     rows = [["id", "status", "ended", "pruned", "best", "objective", "created"]]
-    with client() as c:
-        try:
-            for i, sweep in enumerate(c.sweeps()):
-                if i >= args.limit:
-                    break
-                rows.append(_listed(sweep))
-        except ApiError as e:
-            return refused(e)
+    with client(args) as c:
+        for i, sweep in enumerate(c.sweeps()):
+            if i >= args.limit:
+                break
+            rows.append(_listed(sweep))
     print("\n".join(aligned(rows)))
     return 0
 
@@ -118,28 +115,23 @@ def _listed(sweep: dict[str, Any]) -> list[str]:
     ]
 
 
-def _answer(call: Callable[[Client], dict[str, Any]]) -> dict[str, Any] | int:
-    """The API's answer, or the exit code of its refusal (printed)."""
-    with client() as c:
-        try:
-            return call(c)
-        except ApiError as e:
-            return refused(e)
+def _answer(
+    args: argparse.Namespace, call: Callable[[Client, str], dict[str, Any]]
+) -> dict[str, Any]:
+    """`call(client, sweep id)`: the API's answer about the sweep that `args` names."""
+    with client(args) as c:
+        return call(c, c.find_sweep_id(args.sweep_id))
 
 
 def cancel(args: argparse.Namespace) -> int:
-    sweep = _answer(lambda c: c.cancel_sweep(args.sweep_id))
-    if isinstance(sweep, int):
-        return sweep
+    sweep = _answer(args, Client.cancel_sweep)
     ended_ = sweep["budget"]["ended"]
     print(f"{sweep['id']} {sweep['status']} ({ended_} trials ended keep their results)")
     return 0
 
 
 def show(args: argparse.Namespace) -> int:
-    sweep = _answer(lambda c: c.sweep(args.sweep_id))
-    if isinstance(sweep, int):
-        return sweep
+    sweep = _answer(args, Client.sweep)
     if args.as_json:
         print(json.dumps(sweep, indent=2))
     else:

@@ -5,20 +5,33 @@ job = client.submit({"dataset": "mnist-sample", "epochs": 3})
 for event in client.events(job["id"]):
     ...
 client.download(job["id"], "model.pt")  # or format="pt2" / "onnx", to model.pt2 / .onnx
+client.find_job_id("9c88f067")  # the whole id of the key's one job that starts so
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import httpx
 
 from core.spec import TERMINAL
+
+WHOLE_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+MIN_ID_PREFIX = 4  # the API's own minimum (api.access.IdPrefix)
+ID_PREFIX = re.compile(rf"^[0-9a-f-]{{{MIN_ID_PREFIX},36}}$")
+CANDIDATES_SHOWN = 5  # of an ambiguous prefix
+
+
+class IdNotFound(LookupError):
+    """No job (or sweep) of the key's has an id that starts so, or several have: the
+    message says which, and what to give instead."""
 
 
 class ApiError(Exception):
@@ -79,18 +92,38 @@ class Client:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self._object(self.http.post("/jobs", json=spec, headers=headers))
 
+    def find_job_id(self, given: str) -> str:
+        """The whole id of the key's job whose id is `given` or starts with it (as git and
+        docker take a prefix); IdNotFound for none or several."""
+        return whole_id(
+            "job", given, lambda prefix: self.jobs(id_prefix=prefix, limit=CANDIDATES_SHOWN + 1)
+        )
+
+    def find_sweep_id(self, given: str) -> str:
+        """find_job_id's twin, for sweeps."""
+        return whole_id(
+            "sweep", given, lambda prefix: self.sweeps(id_prefix=prefix, limit=CANDIDATES_SHOWN + 1)
+        )
+
     def job(self, job_id: str) -> dict[str, Any]:
         return self._object(self.http.get(f"/jobs/{job_id}"))
 
     def jobs(
-        self, status: str | None = None, limit: int = 50, sweep_id: str | None = None
+        self,
+        status: str | None = None,
+        limit: int = 50,
+        sweep_id: str | None = None,
+        id_prefix: str | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Every job (of one sweep, with `sweep_id`), newest first, following the cursors."""
+        """Every job (of one sweep, with `sweep_id`; whose id starts with `id_prefix`),
+        newest first, following the cursors."""
         params: dict[str, Any] = {"limit": limit}
         if status:
             params["status"] = status
         if sweep_id:
             params["sweep_id"] = sweep_id
+        if id_prefix:
+            params["id_prefix"] = id_prefix
         while True:
             page = self._object(self.http.get("/jobs", params=params))
             yield from page["items"]
@@ -146,9 +179,11 @@ class Client:
     def sweep(self, sweep_id: str) -> dict[str, Any]:
         return self._object(self.http.get(f"/sweeps/{sweep_id}"))
 
-    def sweeps(self, limit: int = 20) -> Iterator[dict[str, Any]]:
-        """Every sweep, newest first."""
+    def sweeps(self, limit: int = 20, id_prefix: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every sweep (whose id starts with `id_prefix`), newest first."""
         params: dict[str, Any] = {"limit": limit}
+        if id_prefix:
+            params["id_prefix"] = id_prefix
         while True:
             page = self._object(self.http.get("/sweeps", params=params))
             yield from page["items"]
@@ -206,12 +241,12 @@ class Client:
                     raise
                 time.sleep(0.5)  # Redis or the database away for a moment
 
-    def download(self, job_id: str, path: Path, format: str = "torchscript") -> str:
-        """Stream the model in `format` (torchscript, pt2 or onnx) to `path`, checking its
-        sha256 against the ETag. Returns it."""
+    def download(self, job_id: str, path: Path, format: str | None = None) -> str:
+        """Stream the model in `format` (torchscript, pt2 or onnx; by default the job's
+        `default_format`) to `path`, checking its sha256 against the ETag. Returns it."""
         digest = hashlib.sha256()
         tmp = path.with_suffix(path.suffix + ".part")
-        params = {"format": format}
+        params = {"format": format} if format else {}
         with self.http.stream("GET", f"/jobs/{job_id}/model", params=params) as resp:
             if resp.status_code >= 400:
                 resp.read()
@@ -226,6 +261,30 @@ class Client:
             raise ApiError(502, f"downloaded model's sha256 {digest.hexdigest()} != {expected}")
         tmp.replace(path)
         return digest.hexdigest()
+
+
+def whole_id(kind: str, given: str, listing: Callable[[str], Iterator[dict[str, Any]]]) -> str:
+    """The one id of `listing(prefix)` (the caller's own, listed by the API) that starts
+    with `given`. A whole id is taken as it is: the route it goes to says if it is missing."""
+    prefix = given.strip().lower()
+    if WHOLE_ID.match(prefix):
+        return prefix
+    if not ID_PREFIX.match(prefix):
+        raise IdNotFound(
+            f"{given!r} is not a {kind} id: give the id or its first {MIN_ID_PREFIX} "
+            "characters or more (hex digits)"
+        )
+    found = [str(item["id"]) for item in itertools.islice(listing(prefix), CANDIDATES_SHOWN + 1)]
+    if not all(WHOLE_ID.match(i) and i.startswith(prefix) for i in found):
+        # It becomes a file's name (`trainq download`): only an id may.
+        raise IdNotFound(f"the API listed {found!r} for {given}: not {kind} ids")
+    if not found:
+        raise IdNotFound(f"no {kind} {given}")
+    if len(found) > 1:
+        shown = ", ".join(found[:CANDIDATES_SHOWN])
+        more = " and more" if len(found) > CANDIDATES_SHOWN else ""
+        raise IdNotFound(f"{kind} id {given} is ambiguous: {shown}{more}; give more of it")
+    return found[0]
 
 
 def _parse_sse(lines: Iterator[str]) -> Iterator[dict[str, Any]]:

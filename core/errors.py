@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import ValidationError
 
+from core.field_errors import readable
 
-def field_problems(e: ValidationError) -> list[str]:
-    """Pydantic's errors as `field: message` lines, for the CLI and a failed job's reason."""
-    return [f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {err['msg']}" for err in e.errors()]
+
+def field_problems(e: ValidationError, model: Any = None) -> list[str]:
+    """Pydantic's errors as `field: message` lines, for the CLI and a failed job's reason;
+    `model`, the one validated, names the field a misspelt one was probably meant to be."""
+    return [
+        f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {readable(err, model)}"
+        for err in e.errors()
+    ]
 
 
 class TrainqError(Exception):

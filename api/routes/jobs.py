@@ -14,7 +14,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
-from api.access import check_dataset, no_dataset, visible_job, visible_status
+from api.access import IdPrefix, check_dataset, no_dataset, visible_job, visible_status
 from api.auth import Caller
 from api.cancels import announce_cancel
 from api.cursors import decode_cursor, encode_cursor
@@ -22,7 +22,14 @@ from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, 
 from api.downloads import DownloadResponse, DownloadSlots
 from api.errors import RETRY_AFTER_S
 from api.events import EventStreamResponse, follow_events
-from api.formats import MEDIA_TYPES, filename, not_offered, offered_formats
+from api.formats import (
+    MEDIA_TYPES,
+    asked_formats,
+    default_format,
+    filename,
+    not_offered,
+    offered_formats,
+)
 from api.schemas import (
     METRIC_FIELDS,
     QUOTA_REFUSAL,
@@ -65,6 +72,7 @@ def job_out(job: Job, caller: Caller, r: Redis | None = None) -> JobOut:
     if r is not None and job.status == JobStatus.running:
         step = max(step, latest_step(r, job.id))
     base = f"/jobs/{job.id}"
+    offered = offered_formats(job)
     return JobOut.model_validate(
         {
             "id": job.id,
@@ -99,13 +107,15 @@ def job_out(job: Job, caller: Caller, r: Redis | None = None) -> JobOut:
                 if job.error_code
                 else None
             ),
+            "formats": offered,
+            "default_format": default_format(job),
             "links": {
                 "self": base,
                 "metrics": f"{base}/metrics",
                 "epochs": f"{base}/epochs",
                 "events": f"{base}/events",
                 "model": f"{base}/model",
-                "models": {f: f"{base}/model?format={f}" for f in offered_formats(job)},
+                "models": {f: f"{base}/model?format={f}" for f in offered},
                 "record": f"{base}/record",
                 "cancel": f"{base}/cancel",
             },
@@ -175,6 +185,7 @@ def get_jobs(
     caller: CallerDep,
     status: JobStatus | None = None,
     sweep_id: Annotated[uuid.UUID | None, Query(description="Only this sweep's trials.")] = None,
+    id_prefix: IdPrefix = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> JobPage:
@@ -185,6 +196,7 @@ def get_jobs(
         all_owners=caller.admin,
         status=status,
         sweep_id=str(sweep_id) if sweep_id else None,
+        id_prefix=id_prefix.lower() if id_prefix else None,
         before=before,
         limit=limit + 1,
     )
@@ -353,8 +365,8 @@ def delete_one(job_id: JobId, request: Request, session: ReaderDep, caller: Call
         **ERRORS,
         200: {
             "content": {t: {} for t in dict.fromkeys(MEDIA_TYPES.values())},
-            "description": "The model file: TorchScript (.pt, the default), torch.export "
-            "(.pt2) or ONNX (.onnx). Its ETag is its sha256.",
+            "description": "The model file: TorchScript (.pt), torch.export (.pt2) or ONNX "
+            "(.onnx); without ?format=, the job's `default_format`. Its ETag is its sha256.",
         },
         304: {"description": "If-None-Match holds the ETag: the file has not changed."},
         409: {
@@ -384,8 +396,9 @@ def get_model(
     session: ReaderDep,
     caller: CallerDep,
     format: Annotated[
-        ExportFormat, Query(description="torchscript (default), pt2 or onnx.")
-    ] = ExportFormat.torchscript,
+        ExportFormat | None,
+        Query(description="torchscript, pt2 or onnx; default the job's `default_format`."),
+    ] = None,
     if_none_match: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
     job = visible_job(session, caller, job_id)
@@ -396,6 +409,9 @@ def get_model(
             f"job {job.id}'s model was removed on {as_utc(job.purged_at)} by the retention "
             "policy (TRAINQ_RETENTION_DAYS or trainq gc); its result and epochs remain"
         )
+    # Not asked for a format: the best the job offers (else the first its spec asked for,
+    # whose refusal below says why it has none).
+    format = format or default_format(job) or asked_formats(job)[0]
     art = get_artifact(session, job_id=job.id, format=format)
     if art is None:
         raise HTTPException(409, detail=not_offered(job, format))

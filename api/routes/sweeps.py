@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.access import no_dataset, visible_dataset
+from api.access import IdPrefix, no_dataset, visible_dataset
 from api.auth import Caller
 from api.cancels import announce_cancel
 from api.cursors import decode_cursor, encode_cursor
@@ -143,12 +143,18 @@ def _replay(session: Session, found: Sweep, spec: SweepSpec) -> JSONResponse:
 def get_sweeps(
     session: ReaderDep,
     caller: CallerDep,
+    id_prefix: IdPrefix = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=50)] = 20,
 ) -> SweepPage:
     before = decode_cursor(cursor) if cursor else None
     found = list_sweeps(
-        session, owner=caller.owner, all_owners=caller.admin, before=before, limit=limit + 1
+        session,
+        owner=caller.owner,
+        all_owners=caller.admin,
+        before=before,
+        limit=limit + 1,
+        id_prefix=id_prefix.lower() if id_prefix else None,
     )
     page = list(found[:limit])
     nxt = encode_cursor(page[-1].created_at, page[-1].id) if len(found) > limit else None

@@ -106,11 +106,15 @@ def list_jobs(
     before: tuple[str, str] | None,
     limit: int,
     sweep_id: str | None = None,
+    id_prefix: str | None = None,
 ) -> Sequence[Job]:
-    """Newest first. `before` is the (created_at iso, id) of the last job of the previous page."""
+    """Newest first. `before` is the (created_at iso, id) of the last job of the previous page;
+    `id_prefix`, the start of the ids wanted."""
     q = select(Job)
     if not all_owners:
         q = q.where(Job.owner == owner)
+    if id_prefix is not None:
+        q = q.where(Job.id.startswith(id_prefix, autoescape=True))
     if status is not None:
         q = q.where(Job.status == status)
     if sweep_id is not None:

@@ -58,11 +58,15 @@ def list_sweeps(
     all_owners: bool,
     before: tuple[str, str] | None,
     limit: int,
+    id_prefix: str | None = None,
 ) -> Sequence[Sweep]:
-    """Newest first; `before` is the (created_at iso, id) of the previous page's last."""
+    """Newest first; `before` is the (created_at iso, id) of the previous page's last;
+    `id_prefix`, the start of the ids wanted."""
     q = select(Sweep)
     if not all_owners:
         q = q.where(Sweep.owner == owner)
+    if id_prefix is not None:
+        q = q.where(Sweep.id.startswith(id_prefix, autoescape=True))
     return s.scalars(newest_first(q, Sweep, before, limit)).all()
 
 

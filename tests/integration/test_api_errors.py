@@ -10,6 +10,7 @@ import uuid
 import httpx
 import pytest
 
+from api.auth import is_public
 from core.worker_stats import WORKERS_KEY
 from tests.service import Service
 
@@ -244,3 +245,68 @@ def test_junk_worker_stats_in_redis_cost_their_series_not_the_scrape(service: Se
         r.delete("trainq:worker-stats:junk-worker")
         r.zrem(WORKERS_KEY, "junk-worker")
         r.close()
+
+
+JSON_HINT = "send a JSON object with Content-Type: application/json"
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type", "says"),
+    [
+        (b'{"epochs": 1}', None, "the body was not read as JSON (Content-Type: none)"),
+        (
+            b'{"epochs": 1}',
+            "application/x-www-form-urlencoded",  # what `curl -d` sends
+            "the body was not read as JSON (Content-Type: application/x-www-form-urlencoded)",
+        ),
+        (b'{"epochs": ', "application/json", "the body is not valid JSON"),
+        (b"", "application/json", "the body is empty"),
+        (b"[1, 2]", "application/json", "the body is JSON but not an object"),
+    ],
+)
+def test_a_body_that_is_no_json_object_says_how_to_send_one(
+    service: Service, raw: bytes, content_type: str | None, says: str
+) -> None:
+    headers = auth(service.keys[0])
+    if content_type:
+        headers["Content-Type"] = content_type
+    for path in ("/jobs", "/sweeps"):
+        r = httpx.post(f"{service.url}{path}", content=raw, headers=headers)
+        assert r.status_code == 422, r.text
+        (problem,) = r.json()["detail"]
+        assert problem["msg"].startswith(says) and problem["msg"].endswith(JSON_HINT), problem
+
+
+def test_a_misspelt_field_is_answered_with_the_one_meant(service: Service) -> None:
+    r = httpx.post(f"{service.url}/jobs", json={"epoch": 1}, headers=auth(service.keys[0]))
+    assert r.status_code == 422
+    (problem,) = r.json()["detail"]
+    assert problem["loc"] == ["body", "epoch"]
+    assert problem["msg"] == "Extra inputs are not permitted; did you mean `epochs`?"
+    sweep = {"base": {"epoch": 1}, "space": {"lr": {"choice": [0.1, 0.2]}}, "trails": 2}
+    r = httpx.post(f"{service.url}/sweeps", json=sweep, headers=auth(service.keys[0]))
+    assert r.status_code == 422
+    said = {tuple(p["loc"]): p["msg"] for p in r.json()["detail"]}
+    assert said[("body", "base", "epoch")].endswith("did you mean `epochs`?")
+    assert said[("body", "trails")].endswith("did you mean `trials`?")
+
+
+def test_no_message_carries_pydantics_prefix(service: Service) -> None:
+    for body in ({"dataset": "ds:nothing"}, {"dataset": "imagenet"}, {"export": []}):
+        r = httpx.post(f"{service.url}/jobs", json=body, headers=auth(service.keys[0]))
+        assert r.status_code == 422, body
+        assert "Value error, " not in r.text, r.text
+
+
+def test_the_docs_can_authorize_every_route_that_needs_a_key(service: Service) -> None:
+    spec = httpx.get(f"{service.url}/openapi.json").json()
+    ((name, scheme),) = spec["components"]["securitySchemes"].items()
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            declared = operation.get("security", spec.get("security", []))
+            wanted = [] if is_public(path) else [{name: []}]
+            assert declared == wanted, (method, path)
+    # What the docs' Authorize button then sends is the key the routes take.
+    r = httpx.get(f"{service.url}/jobs", headers=auth(service.keys[0]))
+    assert r.status_code == 200

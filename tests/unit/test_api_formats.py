@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.formats import PREDICT_ORDER, not_offered, offered_formats
+import pytest
+
+from api.formats import DOWNLOAD_ORDER, PREDICT_ORDER, default_format, not_offered, offered_formats
 from core.db import Job
 from core.spec import ExportFormat, JobSpec
 
@@ -41,3 +43,27 @@ def test_a_job_stored_before_formats_offers_torchscript_alone() -> None:
 
 def test_predict_can_run_every_format() -> None:
     assert sorted(PREDICT_ORDER) == sorted(ExportFormat)
+
+
+@pytest.mark.parametrize(
+    ("exported", "best"),
+    [
+        (["onnx"], ExportFormat.onnx),
+        (["pt2"], ExportFormat.pt2),
+        (["pt2", "onnx"], ExportFormat.onnx),
+        (["onnx", "torchscript"], ExportFormat.torchscript),
+        (["torchscript", "pt2", "onnx"], ExportFormat.torchscript),
+    ],
+)
+def test_the_default_download_is_the_best_format_offered(
+    exported: list[str], best: ExportFormat
+) -> None:
+    formats = {f: {"ok": True} for f in exported}
+    assert default_format(job({"formats": formats}, export=exported)) == best
+
+
+def test_a_job_that_offers_no_format_has_no_default() -> None:
+    failed = {"onnx": {"ok": False, "error": "check failed"}}
+    assert default_format(job({"formats": failed}, export=["onnx"])) is None
+    assert default_format(job(None, status="running")) is None
+    assert sorted(DOWNLOAD_ORDER) == sorted(ExportFormat)
