@@ -67,6 +67,12 @@ function fmtTime(value) {
   return t ? t.toLocaleString() : "–";
 }
 
+// For table cells: the date and the minute, short ("12/6/26, 1:25 AM" in en-US).
+function fmtShortTime(value) {
+  const t = parseTime(value);
+  return t ? t.toLocaleString(undefined, { dateStyle: "short", timeStyle: "short" }) : "–";
+}
+
 function fmtPercent(x) {
   return x === null || x === undefined ? "–" : `${(100 * x).toFixed(2)} %`;
 }
@@ -290,11 +296,11 @@ function renderJobs(jobs) {
       el("td", {}, selectBox(job.id, selectedJobs, updateCompareJobs, `select job ${job.id.slice(0, 8)}`)),
       el("td", {}, el("a", { href: `#/jobs/${job.id}`, class: "mono", text: job.id.slice(0, 8) })),
       el("td", {}, statusBadge(job.status)),
-      el("td", { text: specSummary(job.spec) }),
+      el("td", { class: "wrap", text: specSummary(job.spec) }),
       el("td", { text: progressText(job) }),
       el("td", { class: "num", text: fmtPercent(job.result?.test_accuracy) }),
       el("td", { class: "num", text: jobDuration(job) }),
-      el("td", { text: fmtTime(job.created_at) }),
+      el("td", { text: fmtShortTime(job.created_at), title: fmtTime(job.created_at) }),
     ),
   );
   $("#jobs tbody").replaceChildren(...rows);
@@ -515,7 +521,7 @@ function openJob(id, signal) {
   show($("#job-message"), "");
   $("#record").textContent = "Available once the job has ended.";
   $("#cancel").hidden = true;
-  $("#download").hidden = true;
+  $("#downloads").replaceChildren();
   $("#job-facts").replaceChildren();
   $("#job-trial").hidden = true;
   drawAll();
@@ -553,7 +559,8 @@ async function refreshJob(id, signal) {
   renderTrial(data.sweep);
   renderProgress();
   show($("#job-error"), data.error ? `${data.error.code}: ${data.error.message}` : "");
-  $("#download").hidden = data.status !== "succeeded";
+  renderDownloads(data);
+  scheduleDraw(); // an ended job's empty plots say that no data will come
   if (!TERMINAL.has(data.status)) return true;
   if (!job.recordLoaded) await loadRecord(id, signal);
   return false;
@@ -757,19 +764,55 @@ async function followStream(path, signal, { state, onEvent, isEnd }) {
 
 // --- download ------------------------------------------------------------------------------
 
+// Each model format a job may offer: its button's text and its file's suffix.
+const FORMATS = {
+  torchscript: { name: "TorchScript", suffix: ".pt" },
+  onnx: { name: "ONNX", suffix: ".onnx" },
+  pt2: { name: "torch.export", suffix: ".pt2" },
+};
+
+// One button per format the job offers (GET /jobs/{id}'s `formats`), its `default_format`
+// first; the default's button gets `defaultId`. None while it offers none.
+function downloadButtons(data, message, defaultId) {
+  const formats = data.formats ?? [];
+  const ordered = [...formats.filter((f) => f === data.default_format), ...formats.filter((f) => f !== data.default_format)];
+  return ordered.map((format, i) => {
+    const known = FORMATS[format] ?? { name: format, suffix: "" };
+    const button = el("button", {
+      type: "button",
+      id: i === 0 ? defaultId : undefined,
+      class: i === 0 ? "default-format" : "other-format",
+      "data-format": format,
+      title: i === 0 ? `${known.name}: this job's default format` : known.name,
+      text: i === 0 ? `Download ${known.name}` : known.name,
+    });
+    button.addEventListener("click", () => downloadModel(data.id, button, message, format));
+    return button;
+  });
+}
+
+function renderDownloads(data) {
+  const box = $("#downloads");
+  const shown = [...box.children].map((b) => b.dataset.format).join();
+  const offered = downloadButtons(data, $("#job-message"), "download");
+  if (shown !== offered.map((b) => b.dataset.format).join()) box.replaceChildren(...offered);
+}
+
 // The model route needs the Authorization header, which a plain link cannot send: fetch
 // it, check its sha256 against the ETag where the browser can hash, and save it via a
 // temporary object URL. `button` is disabled meanwhile; a failure is shown in `message`.
-async function downloadModel(id, button, message) {
+async function downloadModel(id, button, message, format) {
   button.disabled = true;
   show(message, "");
   try {
-    const resp = await fetch(`/jobs/${id}/model`, { headers: authHeaders(), cache: "no-store" });
+    const query = format ? `?format=${encodeURIComponent(format)}` : "";
+    const resp = await fetch(`/jobs/${id}/model${query}`, { headers: authHeaders(), cache: "no-store" });
     checkAuth(resp);
     if (!resp.ok) throw new Error(`HTTP ${resp.status}: ${(await resp.text()).slice(0, 200)}`);
     const blob = await resp.blob();
     await checkSha256(blob, resp.headers.get("ETag"));
-    const name = /filename="([^"]+)"/.exec(resp.headers.get("Content-Disposition") ?? "")?.[1] ?? `trainq-${id}.pt`;
+    const suffix = FORMATS[format]?.suffix ?? ".pt";
+    const name = /filename="([^"]+)"/.exec(resp.headers.get("Content-Disposition") ?? "")?.[1] ?? `trainq-${id}${suffix}`;
     const url = URL.createObjectURL(blob);
     const a = el("a", { href: url, download: name, hidden: true });
     document.body.append(a);
@@ -809,6 +852,7 @@ async function cancelJob() {
 // few times, not once per event.
 
 const COLORS = { blue: "#2563eb", orange: "#d97706", green: "#059669", red: "#dc2626", violet: "#7c3aed" };
+const WAITING = "waiting for data…";
 let drawPending = false;
 
 function scheduleDraw() {
@@ -820,25 +864,60 @@ function scheduleDraw() {
   }, 100);
 }
 
+// What an empty plot says: data may still come while the job can run; once it has ended,
+// none will.
+function emptyNotes() {
+  const status = job.data?.status ?? $("#job-status").dataset.status;
+  if (!TERMINAL.has(status)) return { steps: WAITING, epochs: WAITING };
+  const noStep = "no data: the job ended before its first step";
+  return { steps: noStep, epochs: job.steps.length ? "no data: the job ended before its first epoch" : noStep };
+}
+
+// GPU memory is charted only where a step reported some; a job on the CPU reports zeros,
+// and says so in one line instead of a chart of zeros.
+function showMemory(steps) {
+  const reported = steps.some((p) => p.memory_allocated || p.memory_reserved || p.memory_peak);
+  const onCpu = !reported && (steps.length > 0 || /^cpu\b/.test(job.data?.device ?? ""));
+  $("#memory-figure").hidden = !reported;
+  const ended = TERMINAL.has(job.data?.status);
+  show($("#memory-note"), onCpu ? `${ended ? "Trained" : "Training"} on the CPU: no GPU memory to chart.` : "");
+  return reported;
+}
+
 function drawAll() {
   if (!job) return;
   const steps = job.steps;
   const epochEnds = job.epochs.map((e) => e.step);
+  const empty = emptyNotes();
   const series = (key) => steps.map((p) => [p.step, p[key]]).filter(([, y]) => Number.isFinite(y));
   drawPlot($("#loss-plot"), {
     series: [{ label: "loss", color: COLORS.blue, points: series("loss") }],
     xLabel: "step",
     yLabel: "loss",
     markers: epochEnds,
+    empty: empty.steps,
   });
   drawPlot($("#lr-plot"), {
     series: [{ label: "learning rate", color: COLORS.orange, points: series("lr") }],
     xLabel: "step",
     yLabel: "learning rate",
     markers: epochEnds,
+    empty: empty.steps,
   });
-  const onCpu = steps.length > 0 && steps.every((p) => !p.memory_allocated && !p.memory_reserved && !p.memory_peak);
-  $("#memory-note").textContent = onCpu ? "(all zero: this job runs on the CPU)" : "";
+  if (showMemory(steps)) drawMemory(series, epochEnds);
+  drawPlot($("#accuracy-plot"), {
+    series: [{ label: "test accuracy", color: COLORS.green, points: job.epochs.map((e) => [e.epoch, e.test_accuracy]), dots: true }],
+    xLabel: "epoch",
+    yLabel: "test accuracy",
+    yFormat: (v) => `${(100 * v).toFixed(1)} %`,
+    valueFormat: (v) => `${(100 * v).toFixed(2)} %`,
+    integerX: true,
+    yFit: true,
+    empty: empty.epochs,
+  });
+}
+
+function drawMemory(series, epochEnds) {
   drawPlot($("#memory-plot"), {
     series: [
       { label: "allocated", color: COLORS.blue, points: series("memory_allocated") },
@@ -850,16 +929,7 @@ function drawAll() {
     yFormat: (v) => fmtBytes(v),
     yBytes: true,
     markers: epochEnds,
-    note: onCpu ? "0 bytes throughout: on the CPU there is no GPU memory to measure" : null,
-  });
-  drawPlot($("#accuracy-plot"), {
-    series: [{ label: "test accuracy", color: COLORS.green, points: job.epochs.map((e) => [e.epoch, e.test_accuracy]), dots: true }],
-    xLabel: "epoch",
-    yLabel: "test accuracy",
-    yFormat: (v) => `${(100 * v).toFixed(1)} %`,
-    valueFormat: (v) => `${(100 * v).toFixed(2)} %`,
-    integerX: true,
-    yFit: true,
+    empty: WAITING,
   });
 }
 
@@ -918,7 +988,8 @@ function yRange(values, opts) {
 }
 
 // Draws line series with labelled axes and tick values; sets data-points to the number of
-// points of the first series (what the tests read to see a plot grow).
+// points of the first series (what the tests read to see a plot grow). Without points it
+// writes `opts.empty` instead, also as the canvas's data-note and label.
 function drawPlot(canvas, opts) {
   const { ctx, width, height } = sizeCanvas(canvas);
   const pad = { left: 86, right: 16, top: 24, bottom: 44 };
@@ -933,10 +1004,12 @@ function drawPlot(canvas, opts) {
   canvas.dataset.points = String(opts.series[0].points.length);
 
   const all = opts.series.flatMap((s) => s.points);
+  canvas.dataset.note = all.length ? "" : opts.empty;
+  canvas.setAttribute("aria-label", all.length ? opts.yLabel : opts.empty);
   if (!all.length) {
     ctx.fillStyle = muted;
     ctx.textAlign = "center";
-    ctx.fillText("waiting for data…", width / 2, height / 2);
+    ctx.fillText(opts.empty, width / 2, height / 2);
     return;
   }
   const xs = all.map((p) => p[0]);
@@ -995,12 +1068,6 @@ function drawPlot(canvas, opts) {
   for (const s of opts.series) drawSeries(ctx, s, X, Y, plotW);
   ctx.restore();
   drawLegend(ctx, opts, fmtValue, pad, width, fg);
-  if (opts.note) {
-    ctx.fillStyle = muted;
-    ctx.textAlign = "center";
-    ctx.textBaseline = "bottom";
-    ctx.fillText(opts.note, pad.left + plotW / 2, pad.top + plotH / 2);
-  }
 }
 
 function line(ctx, xa, ya, xb, yb) {
@@ -1075,7 +1142,6 @@ function start() {
   $("#logout").addEventListener("click", () => askForKey("Key forgotten."));
   $("#submit-form").addEventListener("submit", submitJob);
   $("#cancel").addEventListener("click", cancelJob);
-  $("#download").addEventListener("click", () => downloadModel(job.id, $("#download"), $("#job-message")));
   $("#compare-jobs").addEventListener("click", () => (location.hash = compareHash(selectedJobs)));
   window.addEventListener("hashchange", route);
   window.addEventListener("resize", scheduleDraw);

@@ -23,6 +23,7 @@ function placeChart(container, opts, data) {
   const width = Math.max(200, container.clientWidth || 480);
   const chart = new uPlot({ width, height: CHART_HEIGHT, ...opts }, data, container);
   charts.set(container, chart);
+  container.dataset.note = "";
   return chart;
 }
 
@@ -31,6 +32,7 @@ function chartNote(container, text) {
   container.replaceChildren(el("p", { class: "muted chart-note", text }));
   container.dataset.series = "0";
   container.dataset.points = "0";
+  container.dataset.note = text;
 }
 
 // Ticks with as many decimals as their spacing needs (fmtNumber is app.js's).
@@ -86,10 +88,10 @@ function scatterChart(container, { xLabel, yLabel, points, scale, categories }) 
       axes: [xAxis, axis(yLabel, { size: 60 })],
       cursor: { drag: { x: false, y: false } },
       series: [
-        { label: xLabel, value: (u, v) => (v === null ? "–" : scale === "category" ? fmtValue(categories[v]) : fmtValue(v)) },
-        { label: "trials", ...dots(PALETTE[0], 8), value: (u, v) => fmtValue(v) },
-        { label: "pruned", ...dots(PRUNED_COLOR, 7), value: (u, v) => fmtValue(v) },
-        { label: "best", ...dots(BEST_COLOR, 13), value: (u, v) => fmtValue(v) },
+        { label: xLabel, value: (u, v) => (!Number.isFinite(v) ? "" : scale === "category" ? fmtValue(categories[v]) : fmtValue(v)) },
+        { label: "trials", ...dots(PALETTE[0], 8), value: blankOrValue },
+        { label: "pruned", ...dots(PRUNED_COLOR, 7), value: blankOrValue },
+        { label: "best", ...dots(BEST_COLOR, 13), value: blankOrValue },
       ],
     },
     [xs, only("trial"), only("pruned"), only("best")],
@@ -98,12 +100,29 @@ function scatterChart(container, { xLabel, yLabel, points, scale, categories }) 
   container.dataset.points = String(usable.length);
 }
 
+// A legend value, blank (not "–") where the series has no point at the cursor.
+function blankOrValue(u, v) {
+  return Number.isFinite(v) ? fmtValue(v) : "";
+}
+
+// A line's value in the legend: at the cursor, or its last value while no point is
+// pointed at; blank where the line has none (a pruned trial past its end).
+function legendValue(ys) {
+  let last = null;
+  for (const y of ys) if (Number.isFinite(y)) last = y;
+  return (u, v, seriesIdx, idx) => {
+    return blankOrValue(u, idx === null || idx === undefined ? last : v);
+  };
+}
+
 // lines: [{label, ys (one per x, null where none), kind: "trial" | "pruned" | "best"}], over
-// the shared `xs`. `many` lines drop the legend, which would outgrow the chart.
-function linesChart(container, { xLabel, yLabel, xs, lines, integerX = false }) {
+// the shared `xs`. `many` lines drop the legend, which would outgrow the chart. Without a
+// point, the chart says `empty`. `spanGaps` joins a line across the xs it has no value at
+// (runs compared over xs that only some of them have).
+function linesChart(container, { xLabel, yLabel, xs, lines, integerX = false, empty = "waiting for data…", spanGaps = false }) {
   const drawn = lines.filter((l) => l.ys.some((y) => Number.isFinite(y)));
   if (!drawn.length) {
-    chartNote(container, "waiting for data…");
+    chartNote(container, empty);
     return;
   }
   const style = (line, i) => {
@@ -122,11 +141,11 @@ function linesChart(container, { xLabel, yLabel, xs, lines, integerX = false }) 
       ],
       legend: { show: drawn.length <= 12 },
       series: [
-        { label: xLabel },
+        { label: xLabel, value: (u, v) => (Number.isFinite(v) ? fmtValue(v) : "") },
         ...drawn.map((line, i) => ({
           label: line.label,
-          spanGaps: false,
-          value: (u, v) => fmtValue(v),
+          spanGaps,
+          value: legendValue(line.ys),
           ...style(line, i),
           points: { show: single || line.ys.filter((y) => y !== null).length === 1, size: 7, fill: style(line, i).stroke },
         })),

@@ -171,16 +171,32 @@ function renderBest(data) {
     return;
   }
   const message = el("span", { class: "error", role: "alert", hidden: true });
-  const download = el("button", { type: "button", id: "sweep-download", text: "Download best model" });
-  download.addEventListener("click", () => downloadModel(best.job_id, download, message));
+  const downloads = el("span", { class: "downloads", id: "sweep-downloads" });
   box.replaceChildren(
     el("strong", { text: "Best: " }),
     `trial ${best.number}, ${data.objective.metric} ${fmtValue(best.value)} (${fmtParams(best.params)}), job `,
     el("a", { href: `#/jobs/${best.job_id}`, class: "mono", id: "sweep-best-job", text: best.job_id.slice(0, 8) }),
     " ",
-    download,
+    downloads,
     message,
   );
+  bestJobFormats(best.job_id).then((job) => {
+    if (job && downloads.isConnected) downloads.replaceChildren(...downloadButtons(job, message, "sweep-download"));
+  });
+}
+
+// The best trial's job, for the formats it offers; asked once per job, and again while it
+// offers none (its model is still being stored).
+async function bestJobFormats(jobId) {
+  const known = sweep.bestJob;
+  if (known?.id === jobId && known.formats?.length) return known;
+  try {
+    sweep.bestJob = await api(`/jobs/${jobId}`);
+  } catch (e) {
+    if (!(e instanceof Unauthorized)) console.warn(e);
+    return null;
+  }
+  return sweep.bestJob;
 }
 
 // --- plots ------------------------------------------------------------------------------
@@ -209,18 +225,34 @@ function renderScatter(data) {
   });
 }
 
+// The parameters whose values differ between `items` (each {params}); with one item,
+// all of its own.
+function differingKeys(items) {
+  const keys = [...new Set(items.flatMap((i) => Object.keys(i.params ?? {})))];
+  if (items.length < 2) return keys;
+  return keys.filter((k) => new Set(items.map((i) => JSON.stringify(i.params?.[k] ?? null))).size > 1);
+}
+
+// A trial in a legend: its number and what sets it apart, "trial 0 · lr=0.003".
+function trialLabel(trial, keys) {
+  const shown = keys.filter((k) => k in trial.params).map((k) => `${k}=${fmtValue(trial.params[k])}`);
+  return [`trial ${trial.number}`, ...shown].join(" · ");
+}
+
 function renderCurves(data) {
   const epochs = Math.max(0, ...data.trials.map((t) => t.values.length));
   const xs = Array.from({ length: epochs }, (_, i) => i + 1);
+  const keys = differingKeys(data.trials);
   const lines = (key) =>
     data.trials.map((t) => ({
-      label: `trial ${t.number}`,
+      label: trialLabel(t, keys),
       kind: trialKind(t, data.best),
       ys: xs.map((_, i) => t[key][i] ?? null),
     }));
+  const empty = data.status === "running" ? undefined : "no data: the sweep ended before any trial's first epoch";
   $("#sweep-values-caption").textContent = `${data.objective.metric} per epoch`;
-  linesChart($("#sweep-values-plot"), { xLabel: "epoch", yLabel: data.objective.metric, xs, lines: lines("values"), integerX: true });
-  linesChart($("#sweep-loss-plot"), { xLabel: "epoch", yLabel: "train loss", xs, lines: lines("train_loss"), integerX: true });
+  linesChart($("#sweep-values-plot"), { xLabel: "epoch", yLabel: data.objective.metric, xs, lines: lines("values"), integerX: true, empty });
+  linesChart($("#sweep-loss-plot"), { xLabel: "epoch", yLabel: "train loss", xs, lines: lines("train_loss"), integerX: true, empty });
 }
 
 // --- the trial table --------------------------------------------------------------------
