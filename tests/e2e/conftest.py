@@ -3,7 +3,11 @@ worker (as in tests/integration), and headless Chromium driven by Playwright.
 
 The browser is Debian's `chromium` package, not a Playwright download. Without it (or
 without the `playwright` package) the tests skip, unless TRAINQ_TEST_STRICT=1 (as in CI)
-makes them fail instead."""
+makes them fail instead.
+
+The browser and the service are started once for the package (this directory) and stopped
+after its last test: each test signs in on a page of its own and works on jobs it
+submitted itself."""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def chromium() -> str:
     """The Chromium binary, checked before any service is started for nothing."""
     missing = []
@@ -48,7 +52,7 @@ def chromium() -> str:
     return CHROMIUM
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def browser(chromium: str) -> Iterator[Any]:
     from playwright.sync_api import expect, sync_playwright
 
@@ -83,14 +87,14 @@ def page(browser: Any) -> Iterator[Any]:
         context.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def artifacts_dir() -> Path:
     folder = Path(os.environ.get("TRAINQ_ARTIFACTS_DIR") or REPO / "artifacts")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def redis_server(tmp_path_factory: pytest.TempPathFactory, chromium: str) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()
@@ -98,7 +102,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory, chromium: str) -> Ite
     server.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def service(
     tmp_path_factory: pytest.TempPathFactory, data_dir: Path, redis_server: RedisServer
 ) -> Iterator[Service]:

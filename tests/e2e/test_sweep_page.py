@@ -11,12 +11,18 @@ from typing import Any
 
 from playwright.sync_api import expect
 
+from tests.e2e.layout import EMPTY_CARDS, OVERFLOWS
 from tests.service import Service
 from tests.sweeps import GRID_BASE, GRID_SWEEP
 
 BASE, GRID = GRID_BASE, GRID_SWEEP
 # What the browser reports on its own for the 409 above.
 NO_RECORD = "the server responded with a status of 409"
+
+
+def fmt_lr(lr: float) -> str:
+    """A learning rate as the page writes it: 4 significant digits, no exponent."""
+    return f"{float(f'{lr:.4g}'):f}".rstrip("0").rstrip(".")
 
 
 def sign_in(page: Any, service: Service, url: str) -> None:
@@ -84,6 +90,23 @@ def test_sweep_page_live_sort_compare(page: Any, service: Service, artifacts_dir
     expect_drawn(page, "#sweep-values-plot", 3)
     expect_drawn(page, "#sweep-loss-plot", 3)
     page.screenshot(path=str(artifacts_dir / "sweep.png"), full_page=True)
+
+    # The legends name each trial by what sets it apart, and show its last value while the
+    # cursor is away (not a row of dashes).
+    for chart in ("#sweep-values-plot", "#sweep-loss-plot"):
+        labels = page.locator(f"{chart} .u-legend .u-label").all_text_contents()
+        values = page.locator(f"{chart} .u-legend .u-value").all_text_contents()
+        named = [f"trial {n} · lr={fmt_lr(trials[n]['params']['lr'])}" for n in (0, 1, 2)]
+        assert labels[1:] == named, labels
+        assert all(v.strip() and "–" not in v for v in values[1:]), values
+
+    # Nothing leaves its card, at the narrowest and the widest width.
+    for width in (1024, 1920):
+        page.set_viewport_size({"width": width, "height": 900})
+        assert page.evaluate(OVERFLOWS) == [], width
+        assert page.evaluate(EMPTY_CARDS) == [], width
+        page.screenshot(path=str(artifacts_dir / f"sweep-{width}.png"), full_page=True)
+    page.set_viewport_size({"width": 1440, "height": 900})
 
     # Sorting: by lr, then by lr the other way, then by the objective (best first).
     by_lr = sorted(trials, key=lambda n: trials[n]["params"]["lr"])
