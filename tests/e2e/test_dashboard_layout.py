@@ -58,8 +58,8 @@ def ended(c: Any, job_id: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def digits(service: Service, data_dir: Path) -> str:
     """Every 12th training and 10th test digit of mnist-sample (all ten classes), uploaded
-    as a data set of their own:
-    an epoch of it, on a small network, takes a moment where mnist-sample's takes many."""
+    as a data set of their own: an epoch of it, on a small network, takes a moment where
+    mnist-sample's takes many."""
     sample = load_dataset("mnist-sample", data_dir)
     blob = npz_bytes(
         x_train=sample.train.images[::12].numpy(),

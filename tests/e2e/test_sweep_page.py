@@ -103,7 +103,9 @@ def test_sweep_page_live_sort_compare(page: Any, service: Service, artifacts_dir
     # Nothing leaves its card, at the narrowest and the widest width.
     for width in (1024, 1920):
         page.set_viewport_size({"width": width, "height": 900})
-        assert page.evaluate(OVERFLOWS) == [], width
+        page.wait_for_timeout(200)  # the charts fit their new width on the resize event
+        overflows = page.evaluate(OVERFLOWS)
+        assert not overflows, f"at {width} px:\n" + "\n".join(overflows)
         assert page.evaluate(EMPTY_CARDS) == [], width
         page.screenshot(path=str(artifacts_dir / f"sweep-{width}.png"), full_page=True)
     page.set_viewport_size({"width": 1440, "height": 900})
