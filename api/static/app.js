@@ -510,11 +510,11 @@ function showSubmitError(e) {
 // One job: status, progress, result, live plots from Server-Sent Events, cancel, download,
 // run record.
 
-let job = null; // { id, data (GET /jobs/{id}), steps: [], epochs: [], recordLoaded }
+let job = null; // { id, data (GET /jobs/{id}), steps: [], epochs: [], recordLoaded, streamDone }
 
 function openJob(id, signal) {
   showView("job-view");
-  job = { id, data: null, steps: [], epochs: [], recordLoaded: false };
+  job = { id, data: null, steps: [], epochs: [], recordLoaded: false, streamDone: false };
   $("#job-id").textContent = id;
   setStatus("…", { reset: true });
   show($("#job-error"), "");
@@ -526,7 +526,11 @@ function openJob(id, signal) {
   $("#job-trial").hidden = true;
   drawAll();
   repeat(() => refreshJob(id, signal), JOB_REFRESH_MS, signal);
-  followEvents(id, signal, (kind, data, eventId) => onJobEvent(id, kind, data, eventId));
+  const opened = job;
+  followEvents(id, signal, (kind, data, eventId) => onJobEvent(id, kind, data, eventId)).then(() => {
+    opened.streamDone = true; // every step the job will ever have has arrived
+    if (job === opened) scheduleDraw();
+  });
 }
 
 // An ended job never runs again, so a terminal status is final: a poll answered just
@@ -864,13 +868,18 @@ function scheduleDraw() {
   }, 100);
 }
 
-// What an empty plot says: data may still come while the job can run; once it has ended,
-// none will.
+// What an empty plot says: data may still come while the job can run, or while the event
+// stream replays the steps of an ended job; once neither can bring any, why there is none.
 function emptyNotes() {
-  const status = job.data?.status ?? $("#job-status").dataset.status;
-  if (!TERMINAL.has(status)) return { steps: WAITING, epochs: WAITING };
+  const data = job.data;
+  if (!data || !TERMINAL.has(data.status)) return { steps: WAITING, epochs: WAITING };
+  const stepped = data.progress.step > 0;
+  if (stepped && !job.streamDone) return { steps: "loading…", epochs: "loading…" };
   const noStep = "no data: the job ended before its first step";
-  return { steps: noStep, epochs: job.steps.length ? "no data: the job ended before its first epoch" : noStep };
+  return {
+    steps: stepped ? "no data: this job's steps are no longer kept" : noStep,
+    epochs: stepped ? "no data: the job ended before its first epoch" : noStep,
+  };
 }
 
 // GPU memory is charted only where a step reported some; a job on the CPU reports zeros,

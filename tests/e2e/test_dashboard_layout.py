@@ -156,10 +156,12 @@ def test_dashboard_layout(
         # Ended before its first step: the plots say so, not "waiting for data…".
         page.goto(f"{service.url}/#/jobs/{never['id']}")
         expect(page.locator("#job-status")).to_have_text("canceled")
-        page.wait_for_timeout(300)
+        expect(page.locator("#stream-state")).to_have_text("stream complete")
         for plot in ("#loss-plot", "#lr-plot", "#accuracy-plot"):
-            said = page.locator(plot).get_attribute("data-note")
-            if said != NO_DATA:
+            try:
+                expect(page.locator(plot)).to_have_attribute("data-note", NO_DATA, timeout=5_000)
+            except AssertionError:
+                said = page.locator(plot).get_attribute("data-note")
                 problems.append(f"ended job at {width}: {plot} says {said!r}")
         shoot("job-ended", width)
         check(f"ended job at {width}")
