@@ -399,9 +399,13 @@ def lock_name(s: Session, name: str) -> None:
     do, its writers already run one at a time (BEGIN IMMEDIATE)."""
     if s.get_bind().dialect.name != "postgresql":
         return
+    s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": advisory_key(name)})
+
+
+def advisory_key(name: str) -> int:
+    """PostgreSQL's advisory lock key for the lock called `name`: a hash of the name."""
     digest = hashlib.sha256(name.encode()).digest()
-    key = int.from_bytes(digest[:8], "big", signed=True)
-    s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 class Database:

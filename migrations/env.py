@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+from collections.abc import Iterator
+from pathlib import Path
+
 from alembic import context
+from sqlalchemy import Connection, Engine, text
 
 from core.config import Settings
-from core.db import Base, make_engine
+from core.db import Base, advisory_key, make_engine
 
 config = context.config
 target_metadata = Base.metadata
@@ -22,10 +28,41 @@ def run_offline() -> None:
         context.run_migrations()
 
 
+@contextlib.contextmanager
+def connected_alone(engine: Engine) -> Iterator[Connection]:
+    """A connection to migrate through, one migration run at a time on a database: every
+    replica of a deployment may run `trainq migrate` as it starts, and two runs on a fresh
+    database would both create the first tables. The others wait, then find the revision
+    the first one left. PostgreSQL: a session-level advisory lock, held across the
+    migrations' own transaction; SQLite: an exclusive lock on a file beside the database,
+    taken before the first connection."""
+    if engine.dialect.name == "postgresql":
+        key = advisory_key("trainq migrate")
+        with engine.connect() as connection:
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": key})
+            connection.commit()  # the lock is the session's: the migrations begin their own
+            try:
+                yield connection
+            finally:
+                connection.rollback()  # a failed migration leaves its transaction aborted
+                connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+                connection.commit()
+        return
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+        with engine.connect() as connection:
+            yield connection
+        return
+    with Path(f"{database}.migrate-lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        with engine.connect() as connection:
+            yield connection
+
+
 def run_online() -> None:
     engine = make_engine(database_url())
     try:
-        with engine.connect() as connection:
+        with connected_alone(engine) as connection:
             context.configure(
                 connection=connection,
                 target_metadata=target_metadata,

@@ -26,7 +26,7 @@ import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
 import torchvision  # noqa: F401
 from redis import Redis
 from redis.exceptions import RedisError
-from rq import Queue, Worker
+from rq import Queue, Worker, worker_registration
 from rq.command import handle_stop_job_command
 from rq.executions import Execution
 from rq.job import Job
@@ -208,15 +208,33 @@ class TrainqWorker(Worker):
             p.execute()
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        """While a work horse runs, a heartbeat Redis refuses (away, or full: OOM) is
-        logged, not fatal: a parent that quit would orphan its horse, and the launcher's
-        next worker would take a second job onto the same GPU."""
+        """RQ's heartbeat, and the worker's whole registration with it (as register_birth
+        writes it): a Redis that restarted empty has lost both the worker's hash and its
+        place in the sets of workers, and RQ would only extend a hash that is gone, so the
+        worker would never count again in /health or /metrics. Idle or busy (the beats
+        while a work horse runs come through here too, from maintain_heartbeats), the
+        next beat writes it all back.
+
+        While a work horse runs, a heartbeat Redis refuses (away, or full: OOM) is logged,
+        not fatal: a parent that quit would orphan its horse, and the launcher's next worker
+        would take a second job onto the same GPU."""
         try:
-            super().heartbeat(timeout, pipeline)
+            if pipeline is not None:
+                self._beat(timeout, pipeline)
+            else:
+                with self.connection.pipeline() as p:
+                    self._beat(timeout, p)
+                    p.execute()
         except RedisError as e:
             if not self.horse_pid:
                 raise
             log.warning("worker heartbeat not sent (%s); the job goes on", e)
+
+    def _beat(self, timeout: int | None, pipeline: Any) -> None:
+        if self.birth_date is not None:  # born: register_birth wrote the first one
+            pipeline.hset(self.key, mapping={**self.serialize(), "state": self.get_state()})
+            worker_registration.register(self, pipeline)
+        super().heartbeat(timeout, pipeline)
 
     def maintain_heartbeats(self, job: Job, execution: Execution) -> None:
         try:

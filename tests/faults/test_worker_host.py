@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rq import Worker
 
 from client.http import ApiError, Client
+from core.queue import job_queue
 from tests.recovery import FAST_RECOVERY, SPEC, STEPS
 from tests.service import Service, children, fresh_service, status_of, wait_until
 
@@ -159,3 +161,51 @@ def test_a_worker_killed_mid_job_leaves_no_horse(
     assert done["status"] == "succeeded", done
     assert_every_step_once(c, job["id"])
     assert launcher.poll() is None and running(successor)
+
+
+def restart_empty(svc: Service) -> None:
+    """Redis lost everything it held: killed, its files gone, started again on its port."""
+    svc.redis.kill()
+    for f in svc.redis.folder.rglob("*"):
+        if f.is_file():
+            f.unlink()
+    svc.redis.start()
+
+
+def registered(svc: Service) -> list[str]:
+    """The names of the queue's workers as RQ reads them, the way /health and /metrics
+    count them (straight from Redis: /health's answer may be a second old)."""
+    with svc.redis.client() as r:
+        return sorted(w.name for w in Worker.all(queue=job_queue(r, svc.queue)))
+
+
+def counted(svc: Service) -> list[str] | None:
+    """The workers /health counts and names to an admin; None while it answers 503."""
+    try:
+        health = svc.client(svc.admin_key).health()
+    except ApiError:
+        return None
+    names = [w["name"] for w in health["workers"]]
+    return names if health["workers_alive"] == len(names) else None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("busy", [True, False], ids=["training", "idle"])
+def test_a_worker_registers_again_after_redis_restarts_empty(
+    svc: Service, worker: subprocess.Popen[bytes], busy: bool
+) -> None:
+    """A Redis that comes back empty has lost every worker's registration: the worker
+    writes it again with its next heartbeat, training or idle, so /health and /metrics
+    count it within seconds instead of showing no worker for good."""
+    (name,) = registered(svc)
+    c = svc.client()
+    if busy:
+        job = c.submit(SPEC | {"epochs": 60})  # trains on past every check below
+        wait_step(c, job["id"], 2)
+    restart_empty(svc)
+    wait_until(lambda: registered(svc) == [name], 15, "the worker to register again", 0.2)
+    wait_until(lambda: counted(svc) == [name], 5, "/health to count the worker", 0.2)
+    (parent,) = workers_of(worker.pid)
+    if busy:
+        assert c.job(job["id"])["status"] == "running"
+        assert [p for p in children(parent) if running(p)], "the job's work horse is gone"

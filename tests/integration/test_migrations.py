@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import func, inspect, select, text, update
 from sqlalchemy.exc import IntegrityError
 
@@ -19,6 +23,7 @@ from core.db import Artifact, AttemptTime, Base, Database, Job, make_engine, utc
 from core.local.migrate import alembic_config, upgrade
 from core.quotas import usage
 from tests.integration.conftest import database
+from tests.service import REPO
 
 
 def old_job(db: Database) -> str:
@@ -145,3 +150,32 @@ def test_0011_keeps_the_training_hours_of_the_jobs_before_it(kind: str, tmp_path
             upgrade(url)
         finally:
             db.dispose()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_two_migrations_at_once_both_reach_head(kind: str, tmp_path: Path) -> None:
+    """Deployments run `trainq migrate` from every replica as it starts: on a fresh database
+    each must wait for the one that runs, then find it at head, never fail half-way."""
+    with database(kind, tmp_path) as url:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINQ_")}
+        env.update(TRAINQ_DATABASE_URL=url, TRAINQ_DATA_DIR=str(tmp_path))
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "cli", "migrate"],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            for _ in range(3)
+        ]
+        outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(outputs)
+        head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+        engine = make_engine(url)
+        try:
+            with engine.connect() as conn:
+                assert MigrationContext.configure(conn).get_current_revision() == head
+        finally:
+            engine.dispose()
