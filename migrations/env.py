@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 
 from core.config import Settings
-from core.db import Base, make_engine
+from core.db import Base, DbTimeouts, make_engine
 
 config = context.config
 target_metadata = Base.metadata
@@ -23,7 +23,7 @@ def run_offline() -> None:
 
 
 def run_online() -> None:
-    engine = make_engine(database_url())
+    engine = make_engine(database_url(), timeouts=DbTimeouts(statement_s=None))
     try:
         with engine.connect() as connection:
             context.configure(
