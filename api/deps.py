@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from api.auth import UNAUTHORIZED, Caller
 from core.config import Settings
-from core.db import Database
+from core.db import Database, close_quietly
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -42,8 +42,11 @@ async def get_db(request: Request) -> AsyncIterator[Session]:
     """A session per request for routes that write: they commit explicitly. It connects
     lazily, on the first statement, inside the route's own thread."""
     db: Database = request.app.state.db
-    with db.manual_session() as s:
+    s = db.manual_session()
+    try:
         yield s
+    finally:
+        close_quietly(s)
 
 
 async def get_reader(request: Request) -> AsyncIterator[Session]:

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import read
-from core.db import Database
+from core.db import Database, allow_time_for
 from core.spec import ExportFormat
 from core.store import get_artifact
 
@@ -104,6 +104,7 @@ def _stored_model(session: Session, job_id: str, fmt: ExportFormat) -> tuple[byt
     art = get_artifact(session, job_id=job_id, format=fmt)
     if art is None:
         raise HTTPException(409, detail=f"job {job_id} has no stored {fmt} model")
+    allow_time_for(session, art.size)
     return art.data, art.sha256
 
 

@@ -49,6 +49,22 @@ class Settings(BaseSettings):
         30.0, ge=0, description="A queued job missing from the queue this long is requeued."
     )
     db_busy_timeout_s: float = Field(15.0, gt=0, description="SQLite: wait for a lock this long.")
+    db_connect_timeout_s: float = Field(
+        5.0, gt=0, description="PostgreSQL: a new connection is made within this long."
+    )
+    db_statement_timeout_s: float = Field(
+        15.0,
+        gt=0,
+        description="PostgreSQL: a statement runs at most this long (longer for one that moves "
+        "a model, checkpoint or data set, in proportion to its size); a server that does not "
+        "answer at all is given up on this long plus the connect timeout after it was asked.",
+    )
+    db_pool_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="An API request waits this long for a free database connection, then "
+        "answers 503 with Retry-After.",
+    )
     job_timeout_s: int = Field(7 * 24 * 3600, ge=60)
     max_parallel_uploads: int = Field(
         2,

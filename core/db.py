@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -28,7 +30,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import NullPool, QueuePool
@@ -37,6 +39,8 @@ from sqlalchemy.sql.expression import ColumnElement, FunctionElement, literal
 
 from core.config import Settings
 from core.spec import JobStatus
+
+log = logging.getLogger("trainq.db")
 
 
 def utcnow() -> dt.datetime:
@@ -323,14 +327,63 @@ class UserDataset(Base):
 READ_ONLY = "trainq_read_only"
 
 
-def make_engine(url: str, *, busy_timeout_s: float = 15.0, pooled: bool = False) -> Engine:
+@dataclass(frozen=True)
+class DbTimeouts:
+    """How long trainq waits on PostgreSQL (Settings.db_*_timeout_s; core.postgres).
+    `statement_s` None: no bound on a statement (migrations, which an operator runs and
+    which may be long)."""
+
+    connect_s: float = 5.0
+    statement_s: float | None = 15.0
+    pool_s: float = 5.0
+
+
+# The slowest transfer rate a healthy database link is assumed to keep up: the time a
+# statement that moves a large value may take beyond the usual bound.
+SLOWEST_BYTES_PER_S = 8 * 2**20
+
+
+def statement_bound(timeouts: DbTimeouts, extra_s: float = 0.0) -> float | None:
+    """How long the client waits for any one answer: the server's own statement timeout
+    plus a connection's worth of time for the answer to arrive."""
+    if timeouts.statement_s is None:
+        return None
+    return timeouts.statement_s + extra_s + timeouts.connect_s
+
+
+def allow_time_for(s: Session, nbytes: int) -> None:
+    """Give the rest of this transaction's statements time to move `nbytes` (a model, a
+    checkpoint, a data set) at SLOWEST_BYTES_PER_S, beyond the usual bound. PostgreSQL
+    only (core.postgres): SQLite has no statement bound."""
+    if s.get_bind().dialect.name != "postgresql":
+        return
+    raw: Any = s.connection().connection.dbapi_connection
+    timeouts: DbTimeouts | None = getattr(raw, "timeouts", None)
+    if timeouts is None or timeouts.statement_s is None:
+        return
+    extra_s = nbytes / SLOWEST_BYTES_PER_S
+    statement_ms = round((timeouts.statement_s + extra_s) * 1000)
+    s.execute(text(f"SET LOCAL statement_timeout = {statement_ms}"))
+    raw.bound_s = statement_bound(timeouts, extra_s)
+
+
+def make_engine(
+    url: str,
+    *,
+    busy_timeout_s: float = 15.0,
+    pooled: bool = False,
+    timeouts: DbTimeouts | None = None,
+) -> Engine:
     """SQLite: WAL, a busy timeout, and BEGIN IMMEDIATE for transactions that may write, so
     that two writers queue up instead of failing later with 'database is locked'; read-only
     sessions (`Database.reader`) begin DEFERRED and, in WAL mode, never wait for a writer.
     `pooled` keeps connections open between uses (the API); the default opens one per use,
-    which is safe across the workers' forks. PostgreSQL: a plain pooled engine."""
+    which is safe across the workers' forks. PostgreSQL: a pooled engine whose every wait
+    on the server is bounded by `timeouts` (core.postgres)."""
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
+        from core.postgres import make_postgres_engine  # psycopg: only where it is used
+
+        return make_postgres_engine(url, timeouts or DbTimeouts())
     engine = create_engine(
         url,
         poolclass=QueuePool if pooled else NullPool,
@@ -413,9 +466,17 @@ class Database:
     (committed on success, rolled back on any error), `reader()` for a read-only one, and
     `manual_session()` for the rare caller that commits by hand."""
 
-    def __init__(self, url: str, busy_timeout_s: float = 15.0, pooled: bool = False) -> None:
+    def __init__(
+        self,
+        url: str,
+        busy_timeout_s: float = 15.0,
+        pooled: bool = False,
+        timeouts: DbTimeouts | None = None,
+    ) -> None:
         self.local = url.startswith("sqlite")  # a file on this machine, not a server
-        self.engine = make_engine(url, busy_timeout_s=busy_timeout_s, pooled=pooled)
+        self.engine = make_engine(
+            url, busy_timeout_s=busy_timeout_s, pooled=pooled, timeouts=timeouts
+        )
         self._writers = sessionmaker(self.engine, expire_on_commit=False)
         self._readers = sessionmaker(
             self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False
@@ -424,7 +485,14 @@ class Database:
     @classmethod
     def from_settings(cls, settings: Settings, pooled: bool = False) -> Database:
         return cls(
-            settings.resolved_database_url, busy_timeout_s=settings.db_busy_timeout_s, pooled=pooled
+            settings.resolved_database_url,
+            busy_timeout_s=settings.db_busy_timeout_s,
+            pooled=pooled,
+            timeouts=DbTimeouts(
+                connect_s=settings.db_connect_timeout_s,
+                statement_s=settings.db_statement_timeout_s,
+                pool_s=settings.db_pool_timeout_s,
+            ),
         )
 
     @contextmanager
@@ -436,8 +504,11 @@ class Database:
     @contextmanager
     def reader(self) -> Iterator[Session]:
         """A read-only session (on SQLite it never waits for a writer); closed at the end."""
-        with self._readers() as s:
+        s = self._readers()
+        try:
             yield s
+        finally:
+            close_quietly(s)
 
     def snapshot(self) -> Session:
         """A read-only session whose statements all read one snapshot, for a read spread
@@ -454,3 +525,14 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def close_quietly(s: Session) -> None:
+    """Close `s`, rolling back what it did not commit. A database lost meanwhile fails that
+    rollback, which the server does by itself when the connection goes; SQLAlchemy drops the
+    connection, and the error is only logged: an API request's session closes after its
+    response has started, where raising would break the response."""
+    try:
+        s.close()
+    except DBAPIError as e:
+        log.warning("closing a session failed (its connection is dropped): %s", e.orig)

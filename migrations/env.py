@@ -11,7 +11,7 @@ from alembic import context
 from sqlalchemy import Connection, Engine, text
 
 from core.config import Settings
-from core.db import Base, advisory_key, make_engine
+from core.db import Base, DbTimeouts, advisory_key, make_engine
 
 config = context.config
 target_metadata = Base.metadata
@@ -60,7 +60,7 @@ def connected_alone(engine: Engine) -> Iterator[Connection]:
 
 
 def run_online() -> None:
-    engine = make_engine(database_url())
+    engine = make_engine(database_url(), timeouts=DbTimeouts(statement_s=None))
     try:
         with connected_alone(engine) as connection:
             context.configure(

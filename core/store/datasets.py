@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.datasets import ParsedDataset
-from core.db import UserDataset
+from core.db import UserDataset, allow_time_for
 
 
 def create_dataset(
@@ -27,6 +27,7 @@ def create_dataset(
         test_count=parsed.test_count,
         data=parsed.npz,
     )
+    allow_time_for(s, len(parsed.npz))
     s.add(ds)
     s.flush()
     return ds
@@ -47,6 +48,10 @@ def list_datasets(s: Session, *, owner: str | None, all_owners: bool) -> Sequenc
 
 def dataset_data(s: Session, *, dataset_id: str) -> tuple[str, bytes] | None:
     """(sha256, canonical .npz bytes) of a stored data set."""
+    size = s.scalar(select(UserDataset.size).where(UserDataset.id == dataset_id))
+    if size is None:
+        return None
+    allow_time_for(s, size)
     row = s.execute(
         select(UserDataset.sha256, UserDataset.data).where(UserDataset.id == dataset_id)
     ).first()

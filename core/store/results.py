@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.orm import Session
 
-from core.db import Artifact, Checkpoint, EpochMetric, StepMetric, db_now
+from core.db import Artifact, Checkpoint, EpochMetric, StepMetric, allow_time_for, db_now
 from core.spec import JobStatus
 from core.store.jobs import (
     end_attempt_time,
@@ -108,6 +108,7 @@ def succeed_job(
         return False
     end_attempt_time(s, job_id=job_id)
     s.execute(delete(Artifact).where(Artifact.job_id == job_id))
+    allow_time_for(s, sum(len(m.data) for m in models))
     s.add_all(
         Artifact(job_id=job_id, format=m.format, data=m.data, sha256=m.sha256, size=len(m.data))
         for m in models
@@ -144,6 +145,7 @@ def _copy_steps(s: Session, job_id: str, steps: Sequence[StepMetrics]) -> None:
 def _replace_checkpoint(s: Session, job_id: str, epoch: int, step: int, data: bytes) -> None:
     """A job keeps one checkpoint: its latest."""
     s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
+    allow_time_for(s, len(data))
     s.add(Checkpoint(job_id=job_id, epoch=epoch, step=step, data=data))
 
 
