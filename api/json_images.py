@@ -8,6 +8,7 @@ page; `read_json_images` enforces it without building that model."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -118,7 +119,10 @@ def _images_from_json(body: bytes, shape: tuple[int, int, int], invert: bool) ->
     planes, errors = _stacked(images, shape)
     if errors:
         raise invalid(errors)
-    x = torch.tensor(planes, dtype=torch.float32)
+    try:
+        x = torch.tensor(planes, dtype=torch.float32)
+    except OverflowError:  # an integer past a float's range (JSON integers have no bound)
+        raise invalid(_huge_integers(images, planes)) from None
     # NaN fails both comparisons, so it is caught with the values outside [0, 1].
     outside = ~((x >= 0) & (x <= 1))
     if outside.any():
@@ -260,6 +264,20 @@ def _plane_problem(
             col = next(k for k, v in enumerate(row) if type(v) not in _NUMBERS)
             return problem("float_type", (*where, r, col), "Input should be a valid number")
     return None
+
+
+def _huge_integers(images: list[Any], planes: list[list[Any]]) -> list[dict[str, Any]]:
+    """The problems with the integers outside [0, 1], the first MAX_ERRORS of them: found
+    only once the tensor could not hold them, so that valid bodies pay no walk for it."""
+    found = (
+        _value_error(images, planes, (n, ch, r, col))
+        for n, image in enumerate(planes)
+        for ch, plane in enumerate(image)
+        for r, row in enumerate(plane)
+        for col, v in enumerate(row)
+        if type(v) is int and not 0 <= v <= 1
+    )
+    return list(itertools.islice(found, MAX_ERRORS))
 
 
 def _value_error(

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
+from core.text import PLAIN_MESSAGE, PLAIN_PATTERN
+
 Loc = Sequence[str | int]
 PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
 
@@ -21,6 +23,10 @@ def readable(error: Mapping[str, Any], model: Any, loc: Loc | None = None) -> st
     msg = str(error.get("msg", ""))
     for prefix in PYDANTIC_PREFIXES:
         msg = msg.removeprefix(prefix)
+    if error.get("type") == "string_pattern_mismatch" and (
+        (error.get("ctx") or {}).get("pattern") == PLAIN_PATTERN
+    ):
+        msg = PLAIN_MESSAGE
     path = list(error.get("loc", ())) if loc is None else list(loc)
     if error.get("type") == "extra_forbidden" and path:
         guess = closest_field(model, path[:-1], str(path[-1]))

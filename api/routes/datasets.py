@@ -26,6 +26,7 @@ from core.quotas import check_dataset_room, lock_owner
 from core.spec import USER_DATASET_PREFIX
 from core.store import create_dataset, list_datasets
 from core.store.deletion import delete_unused_dataset
+from core.text import PLAIN_PATTERN
 from core.uploads import parse_upload
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
@@ -89,7 +90,7 @@ def dataset_out(ds: UserDataset) -> DatasetOut:
 )
 def upload_dataset(
     file: Annotated[UploadFile, File(description="The .npz or .zip.")],
-    name: Annotated[str, Form(min_length=1, max_length=200)],
+    name: Annotated[str, Form(min_length=1, max_length=200, pattern=PLAIN_PATTERN)],
     response: Response,
     session: SessionDep,
     caller: CallerDep,

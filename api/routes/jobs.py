@@ -56,6 +56,7 @@ from core.store import (
 from core.store.model_blob import ModelBlob
 from core.stream import MAX_STEP, STEP, EntryId, aread, latest_step
 from core.sweeps.trials import advance
+from core.text import PLAIN_PATTERN
 
 log = logging.getLogger("trainq.api")
 
@@ -142,7 +143,7 @@ async def submit_job(
     request: Request,
     response: Response,
     caller: CallerDep,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200, pattern=PLAIN_PATTERN)] = None,
 ) -> Any:
     if user_dataset_id(spec.dataset) is not None:
         await read(request.app.state.db, check_dataset, caller, spec)
@@ -186,7 +187,7 @@ def get_jobs(
     status: JobStatus | None = None,
     sweep_id: Annotated[uuid.UUID | None, Query(description="Only this sweep's trials.")] = None,
     id_prefix: IdPrefix = None,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[str | None, Query(max_length=200, pattern=PLAIN_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> JobPage:
     before = decode_cursor(cursor) if cursor else None
@@ -289,7 +290,7 @@ async def get_events(
     request: Request,
     ar: AsyncRedisDep,
     caller: CallerDep,
-    last_event_id: Annotated[str | None, Header(max_length=64)] = None,
+    last_event_id: Annotated[str | None, Header(max_length=64, pattern=PLAIN_PATTERN)] = None,
 ) -> EventStreamResponse:
     db = request.app.state.db
     await read(db, visible_status, caller, str(job_id))
@@ -399,7 +400,7 @@ def get_model(
         ExportFormat | None,
         Query(description="torchscript, pt2 or onnx; default the job's `default_format`."),
     ] = None,
-    if_none_match: Annotated[str | None, Header(max_length=200)] = None,
+    if_none_match: Annotated[str | None, Header(max_length=200, pattern=PLAIN_PATTERN)] = None,
 ) -> Response:
     job = visible_job(session, caller, job_id)
     if job.status != JobStatus.succeeded:

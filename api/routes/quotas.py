@@ -22,6 +22,7 @@ from core.quotas import (
     set_overrides,
     usage,
 )
+from core.text import PLAIN_PATTERN
 
 router = APIRouter(tags=["quotas"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -31,7 +32,9 @@ ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
     **ERRORS,
     403: {"model": Problem, "description": "Not an admin key."},
 }
-Owner = Annotated[str, Path(min_length=1, max_length=64, description="An owner id, k_...")]
+Owner = Annotated[
+    str, Path(min_length=1, max_length=64, pattern=PLAIN_PATTERN, description="An owner id, k_...")
+]
 
 
 @router.get(

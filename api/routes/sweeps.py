@@ -36,6 +36,7 @@ from core.store.sweeps import (
 )
 from core.sweeps import trials
 from core.sweeps.spec import SweepSpec, bound_problems
+from core.text import PLAIN_PATTERN
 
 log = logging.getLogger("trainq.api")
 
@@ -81,7 +82,7 @@ def create_sweep(
     session: SessionDep,
     r: RedisDep,
     caller: CallerDep,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200, pattern=PLAIN_PATTERN)] = None,
 ) -> Any:
     images = None
     if user_dataset_id(spec.base.dataset) is not None:
@@ -144,7 +145,7 @@ def get_sweeps(
     session: ReaderDep,
     caller: CallerDep,
     id_prefix: IdPrefix = None,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[str | None, Query(max_length=200, pattern=PLAIN_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=50)] = 20,
 ) -> SweepPage:
     before = decode_cursor(cursor) if cursor else None

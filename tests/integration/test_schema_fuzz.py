@@ -1,15 +1,17 @@
 """Schemathesis against the app's own OpenAPI, over real HTTP: positive and negative data,
-with and without a key. Zero 5xx and zero responses that break the documented schema."""
+with and without a key, and (tests/schema_hooks.py) strings holding a NUL byte and numbers of
+401 digits. Zero 5xx and zero responses that break the documented schema."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.service import STRICT, Service
+from tests.service import REPO, STRICT, Service
 
 pytestmark = pytest.mark.slow  # real workers and services: the full run, not --fast
 
@@ -37,5 +39,7 @@ def test_no_server_errors_and_no_schema_violations(own_service: Service) -> None
             capture_output=True,
             text=True,
             timeout=600,
+            cwd=REPO,
+            env={**os.environ, "SCHEMATHESIS_HOOKS": "tests.schema_hooks", "PYTHONPATH": str(REPO)},
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]

@@ -53,6 +53,19 @@ def test_invalid_json_images_are_422_naming_the_problem(service: Service, job_id
     assert detail(r)[0]["type"] == "json_invalid"
 
 
+def test_integers_past_a_float_are_422_naming_each(service: Service, job_id: str) -> None:
+    """JSON integers have no bound: one of 401 digits cannot even become a float."""
+    huge, negative = "9" * 401, "-" + "9" * 401
+    body = json.dumps(zeros(2)).replace("0", huge, 1)
+    body = body[::-1].replace("0", negative[::-1], 1)[::-1]  # the last pixel of image 1
+    r = predict(service, job_id, content=body, headers={"Content-Type": "application/json"})
+    first, last = detail(r)
+    assert first["loc"] == ["body", "images", 0, 0, 0] and first["type"] == "less_than_equal"
+    assert last["loc"] == ["body", "images", 1, 27, 27]
+    assert last["type"] == "greater_than_equal"
+    assert len(r.content) < 2000  # the numbers are not echoed back
+
+
 def test_invalid_files_are_422_naming_the_file(
     service: Service, job_id: str, digits: tuple[torch.Tensor, torch.Tensor]
 ) -> None:
