@@ -207,6 +207,7 @@ def worker_command(args: argparse.Namespace) -> int:
 def up_command(args: argparse.Namespace) -> int:
     """Everything on one machine, as children of this process (cli.supervisor): the embedded
     Redis (unless TRAINQ_REDIS_URL names one), the API and the worker launcher."""
+    from core.local.data_dir_lock import DataDirInUse, hold_data_dir
     from core.local.migrate import upgrade
 
     settings = Settings()
@@ -214,6 +215,11 @@ def up_command(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"host": args.host})
     if args.port is not None:
         settings = settings.model_copy(update={"port": args.port})
+    try:
+        hold_data_dir(settings.data_dir)  # until this process ends
+    except DataDirInUse as e:
+        print(f"trainq up: {e}", file=sys.stderr)
+        return 1
     upgrade(settings.resolved_database_url)
     supervisor = Supervisor()
     supervisor.handle_signals()  # from here on a signal stops whatever has started
