@@ -8,14 +8,13 @@ import ipaddress
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from cli.supervisor import Supervisor, start
 from core.config import Settings
 from core.local.keys import load_or_create_key
 
@@ -206,24 +205,58 @@ def worker_command(args: argparse.Namespace) -> int:
 
 
 def up_command(args: argparse.Namespace) -> int:
+    """Everything on one machine, as children of this process (cli.supervisor): the embedded
+    Redis (unless TRAINQ_REDIS_URL names one), the API and the worker launcher."""
+    from core.local.data_dir_lock import DataDirInUse, hold_data_dir
     from core.local.migrate import upgrade
-    from core.local.redis_server import start_embedded, stop_embedded
 
     settings = Settings()
     if args.host:
         settings = settings.model_copy(update={"host": args.host})
     if args.port is not None:
         settings = settings.model_copy(update={"port": args.port})
+    try:
+        hold_data_dir(settings.data_dir)  # until this process ends
+    except DataDirInUse as e:
+        print(f"trainq up: {e}", file=sys.stderr)
+        return 1
     upgrade(settings.resolved_database_url)
-    started_redis = False
+    supervisor = Supervisor()
+    supervisor.handle_signals()  # from here on a signal stops whatever has started
+    try:
+        return _up(args, settings, supervisor)
+    finally:
+        supervisor.stop()
+
+
+def _up(args: argparse.Namespace, settings: Settings, supervisor: Supervisor) -> int:
+    from core.local.redis_server import (
+        prepare_folder,
+        server_command,
+        stop_leftover,
+        wait_for_embedded,
+    )
+
+    env = {**os.environ, "TRAINQ_DATA_DIR": str(settings.data_dir)}
     url = settings.redis_url
     if not url:
-        url, started_redis = start_embedded(settings.data_dir)
+        stop_leftover(settings.data_dir)
+        prepare_folder(settings.data_dir)
+        redis = start("embedded Redis", server_command(settings.data_dir, daemonize=False), env)
+        supervisor.last.append(redis)
+        url = wait_for_embedded(settings.data_dir, server=redis.proc)
     settings = _with_keys(settings.model_copy(update={"redis_url": url}))
-    env = {**os.environ, "TRAINQ_REDIS_URL": url, "TRAINQ_DATA_DIR": str(settings.data_dir)}
-    env["TRAINQ_DATABASE_URL"] = settings.resolved_database_url
-    cmd = [sys.executable, "-m", "cli", "worker", "--gpus", args.gpus]
-    workers = subprocess.Popen(cmd + (["--burst"] if args.burst else []), env=env)
+    env.update(
+        TRAINQ_REDIS_URL=url,
+        TRAINQ_DATABASE_URL=settings.resolved_database_url,
+        TRAINQ_API_KEYS=settings.api_keys,
+        TRAINQ_ADMIN_KEYS=settings.admin_keys,
+    )
+    trainq = [sys.executable, "-m", "cli"]
+    api = [*trainq, "serve", "--host", settings.host, "--port", str(settings.port)]
+    supervisor.first.append(start("API", [*api, "--workers", str(args.workers)], env))
+    launcher = [*trainq, "worker", "--gpus", args.gpus] + (["--burst"] if args.burst else [])
+    supervisor.first.append(start("worker launcher", launcher, env, may_end=args.burst))
     print(
         f"trainq up: API http://{settings.host}:{settings.port} (docs at /docs), "
         f"redis {url}, database {_safe_url(settings.resolved_database_url)}",
@@ -232,14 +265,4 @@ def up_command(args: argparse.Namespace) -> int:
     if not (Settings().api_key_list or Settings().admin_key_list):
         key = settings.admin_key_list[0]
         print(f"trainq up: admin API key {key} (kept in {settings.key_file})", file=sys.stderr)
-    try:
-        return _serve(settings, args.workers)
-    finally:
-        workers.send_signal(signal.SIGTERM)
-        try:
-            workers.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            workers.kill()
-        if started_redis:
-            time.sleep(0.1)
-            stop_embedded(settings.data_dir)
+    return supervisor.wait()

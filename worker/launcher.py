@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from core.local.lifetime import ends_with_this_process
+
 RESTART_FIRST_S = 1.0  # after a worker's failure, doubled each time it fails again
 RESTART_MAX_S = 60.0
 STABLE_S = 60.0  # a worker that ran this long before failing starts its back-off afresh
@@ -131,7 +133,8 @@ def spawn(slot: Slot, queue: str, redis_url: str, burst: bool) -> None:
     env["TRAINQ_REDIS_URL"] = redis_url
     cmd = [sys.executable, "-m", "worker.run", "--name", slot.name, "--queue", queue]
     cmd += ["--burst"] if burst else []
-    slot.proc = subprocess.Popen(cmd, env=env)
+    # A worker whose launcher is gone would go on taking jobs beside its successor's.
+    slot.proc = subprocess.Popen(cmd, env=env, preexec_fn=ends_with_this_process())
     slot.started, slot.restart_at = time.monotonic(), None
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import itertools
 import json
 import logging
@@ -38,6 +37,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from core.config import Settings
 from core.db import Database
+from core.local.lifetime import ParentGone, end_with_parent
 from core.local.redis_server import READ_TIMEOUT_S, connect, use_read_timeout
 from core.logs import configure_json_logging
 from core.queue_entries import contract_violation
@@ -57,7 +57,6 @@ log = logging.getLogger("trainq.worker")
 
 RETRY_FIRST_S = 1.0  # Redis away: the first wait before trying again, doubled each time
 RETRY_MAX_S = 15.0
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 FAIR_POLL_S = 1  # fair share: how often an idle worker looks again at a queue it cannot take from
 
 
@@ -243,7 +242,7 @@ class TrainqWorker(Worker):
             log.warning("job heartbeat of %s not sent (%s); the job goes on", job.id, e)
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
-        die_with_parent(self.pid)
+        die_with_parent(self.pid or 0)  # set in the worker: its own pid
         if self.fair is not None:  # the parent's pooled connections stay the parent's
             self.fair.db.engine.dispose(close=False)
         # RQ raised this connection's read timeout above its blocking dequeue (minutes). The
@@ -264,19 +263,17 @@ class TrainqWorker(Worker):
                 os.kill(self.horse_pid, signal.SIGTERM)
 
 
-def die_with_parent(parent: int | None) -> None:
+def die_with_parent(parent: int) -> None:
     """A work horse gets SIGTERM when its parent dies (kill -9, a crash), so that its job
     checkpoints and goes back on the queue (worker.preemption) instead of training on beside
     the launcher's next worker. The inherited handler is RQ's parent's; until the job function
     installs its own, SIGTERM kills (the reconciler then requeues the job as lost)."""
-    if not sys.platform.startswith("linux"):
-        return
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        reason = os.strerror(ctypes.get_errno())
-        log.warning("work horse: prctl(PR_SET_PDEATHSIG) failed: %s", reason)
-    if os.getppid() != parent:  # it died before prctl took hold: no signal will come
+    try:
+        end_with_parent(parent, signal.SIGTERM)
+    except OSError as e:
+        log.warning("work horse: its parent's death will not be signalled: %s", e)
+    except ParentGone:
         log.error("work horse: its worker is gone before the job started")
         os._exit(1)
 
@@ -375,6 +372,17 @@ def main() -> None:
         )
 
     serve(make_worker, r, burst=args.burst)
+    exit_at_once()
+
+
+def exit_at_once() -> None:
+    """Ends the process without the interpreter's teardown: freeing the heap of torch and
+    its exporters takes seconds, and a stopping host's grace (docker stop: 10 s) is short.
+    The worker has nothing left to tidy; its log is flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -43,47 +43,94 @@ def _alive(sock: Path) -> bool:
         return False
 
 
-def start_embedded(data_dir: Path, timeout_s: float = 10.0) -> tuple[str, bool]:
-    """Returns (url, started): the socket URL, and whether this call started the server."""
+def server_command(data_dir: Path, *, daemonize: bool) -> list[str]:
+    """The embedded redis-server's command line: AOF on, the socket only, the pid in
+    redis/redis.pid."""
     folder, sock = embedded_paths(data_dir)
-    url = f"unix://{sock}"
-    if _alive(sock):
-        return url, False
+    return [
+        redis_binary(),
+        "--port",
+        "0",  # socket only: nothing listens on the network
+        "--unixsocket",
+        str(sock),
+        "--unixsocketperm",
+        "700",
+        "--dir",
+        str(folder),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",
+        "--daemonize",
+        "yes" if daemonize else "no",
+        "--pidfile",
+        str(folder / "redis.pid"),
+        "--logfile",
+        str(folder / "redis.log"),
+    ]
+
+
+def prepare_folder(data_dir: Path) -> None:
+    folder, sock = embedded_paths(data_dir)
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)  # the socket gives full control of the queue: owner only
     sock.unlink(missing_ok=True)
-    subprocess.run(
-        [
-            redis_binary(),
-            "--port",
-            "0",  # socket only: nothing listens on the network
-            "--unixsocket",
-            str(sock),
-            "--unixsocketperm",
-            "700",
-            "--dir",
-            str(folder),
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "everysec",
-            "--save",
-            "",
-            "--daemonize",
-            "yes",
-            "--pidfile",
-            str(folder / "redis.pid"),
-            "--logfile",
-            str(folder / "redis.log"),
-        ],
-        check=True,
-    )
+
+
+def start_embedded(data_dir: Path, timeout_s: float = 10.0) -> tuple[str, bool]:
+    """Returns (url, started): the socket URL, and whether this call started the server (a
+    daemon: it outlives the process that started it)."""
+    _, sock = embedded_paths(data_dir)
+    url = f"unix://{sock}"
+    if _alive(sock):
+        return url, False
+    prepare_folder(data_dir)
+    subprocess.run(server_command(data_dir, daemonize=True), check=True)
+    wait_for_embedded(data_dir, timeout_s)
+    return url, True
+
+
+def wait_for_embedded(
+    data_dir: Path, timeout_s: float = 10.0, server: subprocess.Popen[bytes] | None = None
+) -> str:
+    """The socket URL once the embedded server answers; RuntimeError if it does not in
+    `timeout_s` or if `server` (its process, when it is a child) ends first."""
+    folder, sock = embedded_paths(data_dir)
     deadline = time.monotonic() + timeout_s
     while not _alive(sock):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (server is not None and server.poll() is not None):
             raise RuntimeError(f"embedded redis-server did not start; see {folder / 'redis.log'}")
         time.sleep(0.02)
-    return url, True
+    return f"unix://{sock}"
+
+
+def stop_leftover(data_dir: Path, timeout_s: float = 10.0) -> None:
+    """Shuts down an embedded server that another process left running on `data_dir` (a
+    daemon a `trainq serve` started, or one still ending after its `trainq up` was killed),
+    and waits until its process is gone, so that a new one never shares its files. Its data
+    is kept: the append-only file is flushed at shutdown."""
+    folder, _ = embedded_paths(data_dir)
+    stop_embedded(data_dir)
+    try:
+        pid = int((folder / "redis.pid").read_text())
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + timeout_s
+    while _is_redis(pid):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"an embedded redis-server (pid {pid}) still runs in {folder}")
+        time.sleep(0.05)
+
+
+def _is_redis(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    name, _, rest = stat.partition("(")[2].rpartition(")")
+    return name.startswith("redis-server") and rest.split()[0] != "Z"
 
 
 def stop_embedded(data_dir: Path) -> None:

@@ -1,0 +1,101 @@
+"""`trainq up`'s processes: the API, the worker launcher and, unless TRAINQ_REDIS_URL names
+another, the embedded redis-server, each a child in a process group of its own.
+
+`up` takes SIGTERM (docker stop, systemd, kill), SIGINT (^C) and SIGHUP (a closed terminal)
+itself and stops the children in order: the API and the launcher first (SIGTERM, which lets
+the launcher's workers hand their jobs back, then SIGKILL to the group after a grace), Redis
+last, as the jobs handed back are written there. Each child also ends when `up` dies
+without a word (SIGKILL, a crash: core.local.lifetime), and so does each worker when its
+launcher does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import FrameType
+
+from core.local.lifetime import ends_with_this_process
+
+STOP_GRACE_S = 30.0  # a child's time to stop after SIGTERM (a job's hand-back), then SIGKILL
+POLL_S = 0.2
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    may_end: bool = False  # its end alone does not stop the others (a burst launcher's)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+
+def start(
+    name: str, command: Sequence[str], env: dict[str, str], *, may_end: bool = False
+) -> Child:
+    """A child in a process group of its own: a ^C at the terminal reaches `up` alone, which
+    stops the children in order. It gets SIGTERM if `up` dies."""
+    proc = subprocess.Popen(
+        list(command), env=env, start_new_session=True, preexec_fn=ends_with_this_process()
+    )
+    return Child(name, proc, may_end)
+
+
+class Supervisor:
+    """Runs until asked to stop or until a child ends that may not, then stops every child:
+    those of `first` together, then those of `last`."""
+
+    def __init__(self, grace_s: float = STOP_GRACE_S) -> None:
+        self.grace_s = grace_s
+        self.first: list[Child] = []
+        self.last: list[Child] = []
+        self.asked: int | None = None
+
+    def handle_signals(self) -> None:
+        def ask(signum: int, _frame: FrameType | None) -> None:
+            self.asked = signum
+
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, ask)
+
+    def wait(self) -> int:
+        """Until a stop signal (0) or a child's unexpected end (its exit code, or 1)."""
+        while self.asked is None:
+            for child in self.first + self.last:
+                code = child.proc.poll()
+                if code is not None and not child.may_end:
+                    print(f"trainq up: the {child.name} ended ({code}); stopping", file=sys.stderr)
+                    return code or 1
+            time.sleep(POLL_S)
+        print(f"trainq up: {signal.Signals(self.asked).name}; stopping", file=sys.stderr)
+        return 0
+
+    def stop(self) -> None:
+        for group in (self.first, self.last):
+            stop_together(group, self.grace_s)
+
+
+def stop_together(children: list[Child], grace_s: float) -> None:
+    """SIGTERM to each child itself (a launcher passes it on to its workers once: a second
+    one would be RQ's cold shutdown), then SIGKILL to the group of each one still running
+    after `grace_s`."""
+    for child in children:
+        if child.running():
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        try:
+            child.proc.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            print(f"trainq up: the {child.name} outlived its grace; killed", file=sys.stderr)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.proc.pid, signal.SIGKILL)  # what it left in its group, if anything
+        child.proc.wait()
