@@ -134,10 +134,19 @@ class EpochOut(BaseModel):
     images_per_second: float
 
 
+class VersionsOut(BaseModel):
+    trainq: str = Field(description="The trainq package's version.")
+    spec: str = Field(description="Its JobSpec's version (a hash of the spec's schema).")
+    schema_revision: str | None = Field(description="The schema revision its migrations end at.")
+
+
 class WorkerOut(BaseModel):
     name: str
     state: str
     current_job: str | None
+    versions: VersionsOut | None = Field(
+        None, description="What the worker runs; null for a trainq that registered none."
+    )
 
 
 class Health(BaseModel):
@@ -146,6 +155,7 @@ class Health(BaseModel):
     redis: bool
     queue_depth: int | None
     workers: list[WorkerOut]
+    database_schema: str | None = None  # the database's revision; None where it is away
 
 
 class Problem(BaseModel):

@@ -50,26 +50,12 @@ def _is_loopback(host: str) -> bool:
 def _not_at_head(url: str) -> bool:
     """Whether the database is not at the migrations' head (said on stderr): the API and the
     workers refuse to start on it rather than fail every query."""
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
+    from core.local.migrate import schema_problem
 
-    from core.db import make_engine
-    from core.local.migrate import alembic_config
-
-    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            current = MigrationContext.configure(conn).get_current_revision()
-    finally:
-        engine.dispose()
-    if current == head:
-        return False
-    print(
-        f"trainq: the database is at revision {current}, not {head}: run `trainq migrate` first",
-        file=sys.stderr,
-    )
-    return True
+    problem = schema_problem(url)
+    if problem is not None:
+        print(f"trainq: {problem}", file=sys.stderr)
+    return problem is not None
 
 
 def migrate_command(_: argparse.Namespace) -> int:
@@ -179,6 +165,7 @@ def _reconcile_in_background(settings: Settings, redis_url: str) -> None:
 
 
 def worker_command(args: argparse.Namespace) -> int:
+    from core.local.migrate import schema_problem
     from core.local.redis_server import redis_url
     from worker.launcher import parse_gpus, run_workers
     from worker.reconciler import Reconciler
@@ -201,6 +188,7 @@ def worker_command(args: argparse.Namespace) -> int:
         burst=args.burst,
         reconcile=Reconciler(settings, url),
         reconcile_every_s=settings.reconcile_interval_s,
+        schema_problem=lambda: schema_problem(settings.resolved_database_url),
     )
 
 

@@ -45,6 +45,18 @@ class Settings(BaseSettings):
         "this long, or the job is retried elsewhere (as a restart) from its final checkpoint.",
     )
     reconcile_interval_s: float = Field(10.0, gt=0, description="How often workers reconcile.")
+    version_skew_pause_s: float = Field(
+        5.0,
+        ge=0,
+        description="A worker that handed back a job it could not read (written by another "
+        "trainq: worker.admission) waits this long before it takes another.",
+    )
+    version_skew_hand_backs: int = Field(
+        60,
+        ge=0,
+        description="A job handed back this many times for version skew fails with "
+        "worker_version_skew instead.",
+    )
     queue_grace_s: float = Field(
         30.0, ge=0, description="A queued job missing from the queue this long is requeued."
     )

@@ -154,6 +154,8 @@ class Job(Base):
     progress_epoch: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     queue_entry: Mapped[str | None] = mapped_column(String(80))  # the RQ job id that carries it
+    # core.spec.SPEC_VERSION of the code that wrote the row's spec (None: before 0012)
+    spec_version: Mapped[str | None] = mapped_column(String(12))
     # core.spec.Priority.rank of the spec's priority: orders an owner's own queued jobs.
     priority: Mapped[int] = mapped_column(Integer, default=0)
     # When the retention policy (or `trainq gc`) removed this ended job's step rows,

@@ -38,6 +38,13 @@ class InvalidSpec(TrainqError):
         self.field = field
 
 
+class WorkerVersionSkew(TrainqError):
+    """No worker that took the job could read its spec: each was of another trainq than
+    the API that wrote it. Not the spec's fault: upgrade the workers, then submit it again."""
+
+    code = "worker_version_skew"
+
+
 class DatasetNotFound(TrainqError):
     """A built-in set missing from the data folder, or not the pinned files; the message says
     how to install it."""

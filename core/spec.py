@@ -3,6 +3,8 @@ the trainer and the database."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from enum import StrEnum
 from typing import Annotated, Any
@@ -350,3 +352,24 @@ def stored_spec(raw: Any) -> JobSpec:
     if isinstance(raw, dict):
         raw = {**{k: v for k, v in BEFORE_FIELD.items() if k not in raw}, **raw}
     return JobSpec.model_validate(raw)
+
+
+def spec_version(model: type[BaseModel]) -> str:
+    """A short name (12 hex digits) for what a model of specs accepts: a hash of its JSON
+    schema without the words for people (titles, descriptions, examples). The API writes
+    it into each job's row; a worker that cannot read a row written under another one is
+    older or newer than the API, not handed a bad spec (worker.admission)."""
+    schema = json.dumps(_without_prose(model.model_json_schema()), sort_keys=True)
+    return hashlib.sha256(schema.encode()).hexdigest()[:12]
+
+
+def _without_prose(node: Any) -> Any:
+    if isinstance(node, dict):
+        prose = ("title", "description", "examples")
+        return {k: _without_prose(v) for k, v in node.items() if k not in prose}
+    if isinstance(node, list):
+        return [_without_prose(v) for v in node]
+    return node
+
+
+SPEC_VERSION = spec_version(JobSpec)

@@ -8,19 +8,23 @@ import uuid
 from typing import Any
 
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
 from core.db import Database, Job
-from core.errors import InvalidSpec, field_problems
+from core.errors import InvalidSpec, TrainqError, WorkerVersionSkew, field_problems
+from core.local.migrate import database_revision, known_revisions
 from core.queue import VIA_API
-from core.spec import JobSpec, JobStatus, stored_spec, user_dataset_id
-from core.store import create_job, end_job, get_dataset, get_job
+from core.spec import SPEC_VERSION, JobSpec, JobStatus, stored_spec, user_dataset_id
+from core.store import create_job, end_job, get_dataset, get_job, set_queue_entry
 from core.store.deletion import hold_job_id, lock_datasets, was_deleted
 from worker.attempt import Attempt
 from worker.execution import fail
+from worker.reconciler import enqueue_row
 
 log = logging.getLogger("trainq.worker")
 COMMIT_POLL_S = 0.05
+SKEW_POLL_S = 0.1
 
 
 def admit(a: Attempt) -> JobSpec | dict[str, Any]:
@@ -49,12 +53,14 @@ def admit(a: Attempt) -> JobSpec | dict[str, Any]:
         )
         return {"status": "refused", "error": "the job of this entry was deleted"}
     spec, refused = admitted
+    if isinstance(refused, WorkerVersionSkew):
+        return _hand_back(a, refused)
     if spec is None or refused is not None:
         return fail(a, 0, refused or InvalidSpec("spec", "invalid"))
     return spec
 
 
-def _spec_of(a: Attempt) -> tuple[JobSpec | None, InvalidSpec | None] | None:
+def _spec_of(a: Attempt) -> tuple[JobSpec | None, TrainqError | None] | None:
     """The spec to train, or why none; None if the job was deleted. A job that has a row
     trains the row's spec for the row's owner: the database is the truth, a queue entry
     only its carrier. A job submitted straight to the queue gets its row here, from the
@@ -65,13 +71,13 @@ def _spec_of(a: Attempt) -> tuple[JobSpec | None, InvalidSpec | None] | None:
         hold_job_id(s, job_id=a.job_id)
         row = get_job(s, job_id=a.job_id)
         if row is not None:
-            return _row_spec(a, row)
+            return _row_spec(s, a, row)
         if _deleted(s, a):
             return None
         return _new_row(s, a)
 
 
-def _row_spec(a: Attempt, row: Job) -> tuple[JobSpec | None, InvalidSpec | None]:
+def _row_spec(s: Session, a: Attempt, row: Job) -> tuple[JobSpec | None, TrainqError | None]:
     if row.spec != a.raw_spec or row.owner != a.owner:
         log.warning(
             "queue entry %s carries a spec or owner other than job %s's row; the row's run",
@@ -79,7 +85,69 @@ def _row_spec(a: Attempt, row: Job) -> tuple[JobSpec | None, InvalidSpec | None]
             a.job_id,
         )
     spec, problem = _validate(row.spec, stored=True)
-    return spec, None if spec else InvalidSpec("spec", problem or "invalid")
+    if spec is not None:
+        return spec, None
+    skew = _version_skew(s, row)
+    if skew is not None:
+        return None, WorkerVersionSkew(f"{skew}; this worker cannot read its spec ({problem})")
+    return None, InvalidSpec("spec", problem or "invalid")
+
+
+def _version_skew(s: Session, row: Job) -> str | None:
+    """Why a row this worker cannot read may be readable by another trainq, or None: it was
+    written by code with another JobSpec, or the database was migrated past what this
+    worker knows. Then the spec is not the user's fault."""
+    if row.spec_version is not None and row.spec_version != SPEC_VERSION:
+        return (
+            f"the job was written with JobSpec version {row.spec_version}, "
+            f"this worker has {SPEC_VERSION}"
+        )
+    revision = database_revision(s.connection())
+    if revision is not None and revision not in known_revisions():
+        return f"the database is at schema revision {revision}, which this worker does not know"
+    return None
+
+
+def _hand_back(a: Attempt, skew: WorkerVersionSkew) -> dict[str, Any]:
+    """A job this worker cannot read, but another trainq could: back onto the queue under a
+    fresh entry (`<job>-v<n>`: RQ would drop a second entry under the same id), for a
+    worker of the API's own version; this worker then waits version_skew_pause_s before it
+    takes work again, so that the others get to it first. The n-th hand-back past
+    version_skew_hand_backs fails the job with the skew's own code, not as a bad spec."""
+    n = _hand_backs(a)
+    if n >= a.settings.version_skew_hand_backs:
+        return fail(a, 0, skew)
+    entry = f"{a.job_id}-v{n + 1}"
+    with a.db.writer() as s:
+        moved = set_queue_entry(s, job_id=a.job_id, queue_entry=entry, seen=a.queue_entry)
+        job = get_job(s, job_id=a.job_id) if moved else None
+    if job is None:
+        log.info(
+            "job %s is no longer queued under entry %s; not handing it back",
+            a.job_id,
+            a.queue_entry,
+        )
+        return {"status": "skipped"}
+    try:
+        enqueue_row(a.r, a.settings, job, entry)
+    except RedisError as e:
+        log.warning("job %s: handed back, but not enqueued (%s); the reconciler will", a.job_id, e)
+    log.warning("job %s handed back as %s: %s", a.job_id, entry, skew.message)
+    _pause(a)
+    return {"status": JobStatus.queued, "handed_back": skew.code}
+
+
+def _hand_backs(a: Attempt) -> int:
+    """How often the job was handed back for version skew in a row: its entry's number."""
+    suffix = a.queue_entry.removeprefix(f"{a.job_id}-v")
+    return int(suffix) if suffix != a.queue_entry and suffix.isdigit() else 0
+
+
+def _pause(a: Attempt) -> None:
+    """The horse keeps its worker busy for version_skew_pause_s (a stop request ends it)."""
+    deadline = time.monotonic() + a.settings.version_skew_pause_s
+    while time.monotonic() < deadline and not a.stop_asked():
+        time.sleep(min(SKEW_POLL_S, max(0.0, deadline - time.monotonic())))
 
 
 def _new_row(s: Session, a: Attempt) -> tuple[JobSpec | None, InvalidSpec | None]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType
 
 from core.local.lifetime import ends_with_this_process
+from core.versions import running_versions
 
 RESTART_FIRST_S = 1.0  # after a worker's failure, doubled each time it fails again
 RESTART_MAX_S = 60.0
@@ -157,11 +158,14 @@ def run_workers(
     burst: bool = False,
     reconcile: Callable[[], None] | None = None,
     reconcile_every_s: float = 10.0,
+    schema_problem: Callable[[], str | None] | None = None,
 ) -> int:
     """Start the workers and supervise them: a worker that dies is restarted with back-off
-    (restart_delay), once no horse of a dead worker runs; SIGINT/SIGTERM are passed on (RQ:
-    finish or stop the job, then exit). Between checks the launcher runs `reconcile`
-    (requeue lost jobs) every few seconds."""
+    (restart_delay), once no horse of a dead worker runs, and only while `schema_problem`
+    finds nothing wrong with the database (the check `trainq worker` makes as it starts: a
+    database migrated past this trainq, say); SIGINT/SIGTERM are passed on (RQ: finish or
+    stop the job, then exit). Between checks the launcher runs `reconcile` (requeue lost
+    jobs) every few seconds."""
     slots = slots_for(parse_gpus(gpus))
     orphans = Orphans() if adopt_orphans() else None
     next_reconcile = time.monotonic()
@@ -176,9 +180,14 @@ def run_workers(
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
+    own = running_versions()
     for s in slots:
         spawn(s, queue, redis_url, burst)
-        print(f"trainq worker {s.name} (gpu {s.gpu or 'none: cpu'})", file=sys.stderr)
+        print(
+            f"trainq worker {s.name} (gpu {s.gpu or 'none: cpu'}; trainq {own.trainq}, "
+            f"JobSpec {own.spec}, schema {own.schema})",
+            file=sys.stderr,
+        )
     while True:
         alive = [s for s in slots if s.proc and s.proc.poll() is None]
         if not alive and (stopping or burst):
@@ -186,16 +195,25 @@ def run_workers(
         adopted = orphans is not None and orphans.running(slots)
         if not stopping and not burst:
             for s in slots:
-                _restart_if_exited(s, queue, redis_url, held_back=adopted)
+                _restart_if_exited(s, queue, redis_url, held_back=adopted, check=schema_problem)
         if reconcile is not None and time.monotonic() >= next_reconcile and not stopping:
             reconcile()
             next_reconcile = time.monotonic() + reconcile_every_s
         time.sleep(0.5)
 
 
-def _restart_if_exited(slot: Slot, queue: str, redis_url: str, *, held_back: bool) -> None:
+def _restart_if_exited(
+    slot: Slot,
+    queue: str,
+    redis_url: str,
+    *,
+    held_back: bool,
+    check: Callable[[], str | None] | None = None,
+) -> None:
     """A worker that exited starts again after its back-off (restart_delay); `held_back`
-    while a horse of a dead worker still runs, which would share its GPU."""
+    while a horse of a dead worker still runs, which would share its GPU. A `check` that
+    finds a problem (or fails) holds the restart back too, as a failure of the worker's:
+    said once each time, then tried again after the next back-off."""
     if slot.proc is None or slot.proc.poll() is None:
         return
     if slot.restart_at is None:
@@ -206,5 +224,22 @@ def _restart_if_exited(slot: Slot, queue: str, redis_url: str, *, held_back: boo
             f"restarting in {delay:.0f} s",
             file=sys.stderr,
         )
-    if time.monotonic() >= slot.restart_at and not held_back:
-        spawn(slot, queue, redis_url, burst=False)
+    if time.monotonic() < slot.restart_at or held_back:
+        return
+    problem = _problem(check) if check is not None else None
+    if problem is not None:
+        delay = restart_delay(slot, 1)
+        slot.restart_at = time.monotonic() + delay
+        print(
+            f"trainq worker {slot.name}: not restarted: {problem}; checking again in {delay:.0f} s",
+            file=sys.stderr,
+        )
+        return
+    spawn(slot, queue, redis_url, burst=False)
+
+
+def _problem(check: Callable[[], str | None]) -> str | None:
+    try:
+        return check()
+    except Exception as e:  # the database away: no worker could start on it either
+        return f"cannot read the database's schema revision ({type(e).__name__}: {e})"

@@ -41,6 +41,7 @@ from core.local.lifetime import ParentGone, end_with_parent
 from core.local.redis_server import READ_TIMEOUT_S, connect, use_read_timeout
 from core.logs import configure_json_logging
 from core.queue_entries import contract_violation
+from core.versions import running_versions
 
 # worker.entries imports the job function and all it imports: ready in each fork.
 from worker.entries import (
@@ -205,6 +206,11 @@ class TrainqWorker(Worker):
             record_job_failure(job, f"refused by trainq: {reason}", p)
             p.lrem(queue.intermediate_queue_key, 1, job.id)  # RQ's dequeue parked it there
             p.execute()
+
+    def serialize(self) -> dict[str, Any]:
+        """RQ's registration, and the versions this worker runs (core.versions): the
+        admin's /health shows them, and says when they differ from the API's."""
+        return {**super().serialize(), **running_versions().fields()}
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         """RQ's heartbeat, and the worker's whole registration with it (as register_birth

@@ -14,17 +14,19 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
+from redis import Redis
 from redis.exceptions import RedisError
 from rq import Queue, Worker, worker_registration
 from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from api.deps import OptionalCallerDep, ReaderDep
 from api.errors import RETRY_AFTER_S
-from api.schemas import Health, WorkerOut
+from api.schemas import Health, VersionsOut, WorkerOut
+from core.local.migrate import database_revision
 from core.queue import job_queue
+from core.versions import FIELDS, Versions, running_versions
 
 log = logging.getLogger("trainq.api")
 router = APIRouter(tags=["health"])
@@ -37,6 +39,21 @@ class HealthOut(BaseModel):
     queue_depth: int | None
     workers_alive: int | None = Field(description="Registered workers; null if Redis is away.")
     workers: list[WorkerOut] | None = Field(description="With an admin key only.")
+    versions: list[VersionsOut] | None = Field(
+        None,
+        description="With an admin key only: each version of trainq seen, this API's first, "
+        "then those its workers registered.",
+    )
+    database_schema: str | None = Field(
+        None, description="With an admin key only: the database's schema revision."
+    )
+    version_skew: bool | None = Field(
+        None,
+        description="With an admin key only: whether a worker runs another trainq, JobSpec "
+        "or schema than this API, or the database is at another revision than the API "
+        "knows. A worker that cannot read a job hands it back for one that can "
+        "(worker_version_skew once they all fail to).",
+    )
 
 
 class HealthCache:
@@ -68,14 +85,33 @@ def health(
     if not (seen.database and seen.redis):
         response.status_code = 503
         response.headers["Retry-After"] = RETRY_AFTER_S
-    return HealthOut(
+    out = HealthOut(
         status=seen.status,
         database=seen.database,
         redis=seen.redis,
         queue_depth=seen.queue_depth,
         workers_alive=len(seen.workers) if seen.redis else None,
-        workers=seen.workers if caller is not None and caller.admin else None,
+        workers=None,
     )
+    if caller is not None and caller.admin:
+        out.workers = seen.workers
+        out.database_schema = seen.database_schema
+        out.versions, out.version_skew = _versions_seen(seen)
+    return out
+
+
+def _versions_seen(seen: Health) -> tuple[list[VersionsOut], bool]:
+    """Each version seen, the API's own first, and whether any differs from the API's (a
+    worker that registered none is of a trainq from before this check: it differs too)."""
+    own = running_versions()
+    versions = [_out(own)]
+    for w in seen.workers:
+        if w.versions is not None and w.versions not in versions:
+            versions.append(w.versions)
+    skew = len(versions) > 1 or any(w.versions is None for w in seen.workers)
+    if seen.database and seen.database_schema != own.schema:
+        skew = True
+    return versions, skew
 
 
 def registered_workers(q: Queue) -> list[BaseWorker]:
@@ -98,8 +134,9 @@ def registered_workers(q: Queue) -> list[BaseWorker]:
 
 def _probe(session: Session, request: Request) -> Health:
     settings = request.app.state.settings
+    schema: str | None = None
     try:
-        session.execute(text("SELECT 1"))
+        schema = database_revision(session.connection())
         db_ok = True
     except Exception:
         db_ok = False
@@ -109,9 +146,15 @@ def _probe(session: Session, request: Request) -> Health:
     try:
         q = job_queue(r, settings.queue)
         depth = q.count
-        for w in registered_workers(q):
+        found = registered_workers(q)
+        for w, versions in zip(found, _registered_versions(r, found), strict=True):
             workers.append(
-                WorkerOut(name=w.name, state=str(w.get_state()), current_job=w.get_current_job_id())
+                WorkerOut(
+                    name=w.name,
+                    state=str(w.get_state()),
+                    current_job=w.get_current_job_id(),
+                    versions=versions,
+                )
             )
         redis_ok = True
     except RedisError:  # only that is Redis away; anything else is a fault, and answers 500
@@ -122,4 +165,23 @@ def _probe(session: Session, request: Request) -> Health:
         redis=redis_ok,
         queue_depth=depth,
         workers=sorted(workers, key=lambda w: w.name),
+        database_schema=schema,
     )
+
+
+def _registered_versions(r: Redis, workers: list[BaseWorker]) -> list[VersionsOut | None]:
+    """The versions each worker registered (worker.run), in one round trip."""
+    with r.pipeline(transaction=False) as p:
+        for w in workers:
+            p.hmget(w.key, list(FIELDS))
+        rows = p.execute()
+    out: list[VersionsOut | None] = []
+    for row in rows:
+        fields = {k: v.decode(errors="replace") for k, v in zip(FIELDS, row, strict=True) if v}
+        versions = Versions.from_fields(fields)
+        out.append(None if versions is None else _out(versions))
+    return out
+
+
+def _out(v: Versions) -> VersionsOut:
+    return VersionsOut(trainq=v.trainq, spec=v.spec, schema_revision=v.schema)

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from core.db import AttemptTime, Checkpoint, DbTime, Job, Sweep, db_now, utcnow
 from core.errors import JobSuperseded
-from core.spec import TERMINAL, JobSpec, JobStatus, Priority
+from core.spec import SPEC_VERSION, TERMINAL, JobSpec, JobStatus, Priority
 
 Q = TypeVar("Q", bound=Select[Any])
 
@@ -63,6 +63,7 @@ def new_job(
         attempt=0,
         preemptions=0,
         queue_entry=job_id,
+        spec_version=SPEC_VERSION,
         priority=_rank(spec),
         progress_step=0,
         progress_epoch=0,

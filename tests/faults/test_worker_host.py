@@ -85,6 +85,27 @@ def test_restart_delay_backs_off_and_clean_exits_never_count() -> None:
     assert slot.failures == 10  # the clean exit left the count alone
 
 
+def test_the_launcher_restarts_no_worker_on_a_database_it_cannot_serve(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before it restarts a worker, the launcher checks the schema as `trainq worker` does
+    at start: a database migrated past this trainq holds the restart back, said on
+    stderr, and is checked again after the next back-off."""
+    from worker.launcher import Slot, _restart_if_exited
+
+    slot = Slot(gpu=None, name="host-cpu")
+    slot.proc = subprocess.Popen(["true"])
+    slot.proc.wait()
+    exited = slot.proc
+    problem = "the database is at revision 9999, newer than this trainq knows"
+    _restart_if_exited(slot, "q", "redis://unused", held_back=False, check=lambda: problem)
+    slot.restart_at = 0.0  # its back-off is over
+    _restart_if_exited(slot, "q", "redis://unused", held_back=False, check=lambda: problem)
+    assert slot.proc is exited  # nothing started
+    assert slot.restart_at is not None and slot.restart_at > 0
+    assert f"host-cpu: not restarted: {problem}" in capsys.readouterr().err
+
+
 def test_the_launcher_outlasts_a_redis_outage(svc: Service) -> None:
     """Redis refuses connections while the launcher starts: it used to give up after six
     worker restarts in a minute. Now the worker waits for Redis, and once Redis is back it

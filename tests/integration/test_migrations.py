@@ -20,7 +20,7 @@ from sqlalchemy import func, inspect, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from core.db import Artifact, AttemptTime, Base, Database, Job, make_engine, utcnow
-from core.local.migrate import alembic_config, upgrade
+from core.local.migrate import alembic_config, schema_problem, upgrade
 from core.quotas import usage
 from tests.integration.conftest import database
 from tests.service import REPO
@@ -179,3 +179,19 @@ def test_two_migrations_at_once_both_reach_head(kind: str, tmp_path: Path) -> No
                 assert MigrationContext.configure(conn).get_current_revision() == head
         finally:
             engine.dispose()
+
+
+def test_a_database_migrated_past_this_trainq_is_named_newer(tmp_path: Path) -> None:
+    """What `trainq serve`, `trainq worker` and the launcher's restarts say of a database
+    that a newer trainq migrated: not "run trainq migrate", which could not help."""
+    url = f"sqlite:///{tmp_path / 'trainq.db'}"
+    upgrade(url)
+    assert schema_problem(url) is None
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    finally:
+        engine.dispose()
+    problem = schema_problem(url)
+    assert problem is not None and "9999, newer than this trainq knows" in problem

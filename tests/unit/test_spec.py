@@ -5,9 +5,9 @@ import math
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import Field, ValidationError, create_model
 
-from core.spec import Amp, JobSpec
+from core.spec import SPEC_VERSION, Amp, JobSpec, spec_version
 
 
 def field_of(exc: pytest.ExceptionInfo[ValidationError]) -> set[str]:
@@ -72,3 +72,15 @@ def test_a_stored_spec_without_the_recipe_fields_means_the_old_recipe() -> None:
     assert then.epochs == 3
     # Each field that is there wins over the old meaning.
     assert stored_spec({**old, "conv3_channels": 64}).conv3_channels == 64
+
+
+def test_the_spec_version_names_what_a_spec_may_hold_not_its_words() -> None:
+    """Rewording a field's help keeps the version; a field more or less changes it."""
+    fields = {k: (f.annotation, f) for k, f in JobSpec.model_fields.items()}
+    reworded = {**fields, "lr": (float, Field(1e-3, gt=0, le=10, description="Another."))}
+    same = create_model("JobSpec", __config__=JobSpec.model_config, **reworded)  # type: ignore[call-overload]
+    fewer = {k: v for k, v in fields.items() if k != "priority"}
+    older = create_model("JobSpec", __config__=JobSpec.model_config, **fewer)  # type: ignore[call-overload]
+    assert len(SPEC_VERSION) == 12 and int(SPEC_VERSION, 16) >= 0
+    assert spec_version(same) == SPEC_VERSION
+    assert spec_version(older) != SPEC_VERSION
