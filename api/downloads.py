@@ -10,16 +10,17 @@ import asyncio
 import logging
 import threading
 from collections import Counter
-from pathlib import Path
 
+from fastapi import HTTPException
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from api.errors import RETRY_AFTER_S
 from core.config import Settings
+from core.db import Database
 from core.errors import QuotaExceeded
-from core.store.model_blob import ModelCopy
+from core.store.model_blob import ModelCopy, copy_model
 
 log = logging.getLogger("trainq.api")
 
@@ -61,9 +62,20 @@ def _refusal(limit: str, allowed: int, owner: str) -> QuotaExceeded:
     )
 
 
-def downloads_folder(settings: Settings) -> Path:
-    """Where models being sent are copied to (unnamed files, gone when their download ends)."""
-    return settings.data_dir / "downloads"
+def staged_model(db: Database, settings: Settings, *, job_id: str, format: str) -> ModelCopy | None:
+    """The model copied out of the database to be sent (core.store.model_blob), into
+    data_dir/downloads, or None if the job has none in `format`. A data directory that
+    cannot take the copy (full, read-only) answers 503 with Retry-After."""
+    try:
+        return copy_model(db, job_id=job_id, format=format, folder=settings.data_dir / "downloads")
+    except OSError as e:
+        log.warning("could not copy a model of job %s to send it: %s", job_id, e)
+        raise HTTPException(
+            503,
+            detail="the API has no room to stage this download (its data directory is full "
+            "or not writable); retry shortly",
+            headers={"Retry-After": RETRY_AFTER_S},
+        ) from e
 
 
 class DownloadResponse(Response):

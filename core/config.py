@@ -106,8 +106,9 @@ class Settings(BaseSettings):
     download_send_timeout_s: float = Field(
         60.0,
         gt=0,
-        description="A download whose client takes no bytes for this long is cut off, and "
-        "its slot freed.",
+        description="A download whose client takes less than a chunk (1 MiB) in this long is "
+        "cut off, and its slot freed: a client that stopped reading, or reads slower than a "
+        "MiB in this time, holds a slot no longer.",
     )
     sse_max_lag: int = Field(
         10_000,

@@ -19,7 +19,7 @@ from api.auth import Caller
 from api.cancels import announce_cancel
 from api.cursors import decode_cursor, encode_cursor
 from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, read
-from api.downloads import DownloadResponse, DownloadSlots, downloads_folder
+from api.downloads import DownloadResponse, DownloadSlots, staged_model
 from api.errors import RETRY_AFTER_S
 from api.events import EventStreamResponse, follow_events
 from api.formats import (
@@ -54,7 +54,6 @@ from core.store import (
     spec_hash,
     step_rows,
 )
-from core.store.model_blob import copy_model
 from core.stream import MAX_STEP, STEP, EntryId, aread, latest_step
 from core.sweeps.trials import advance
 
@@ -431,9 +430,7 @@ def get_model(
     slots: DownloadSlots = request.app.state.downloads
     slots.take(caller.owner)  # 429 past the downloads a key or this process may hold open
     try:
-        model = copy_model(
-            request.app.state.db, job_id=job.id, format=format, folder=downloads_folder(settings)
-        )
+        model = staged_model(request.app.state.db, settings, job_id=job.id, format=format)
     except BaseException:
         slots.release(caller.owner)
         raise

@@ -4,9 +4,11 @@ transaction open."""
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -74,3 +76,19 @@ def test_a_stalled_download_holds_no_transaction(service: Service) -> None:
         assert open_transactions(service.database_url) == 0
     finally:
         sock.close()
+
+
+def test_a_download_with_no_room_to_stage_its_copy_answers_503(service: Service) -> None:
+    alice = service.keys[0]
+    mine = succeeded_job(service.database_url, alice, 1000)
+    staging = service.data_dir / "downloads"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.write_bytes(b"")  # a file where the folder should be: no copy can be made
+    try:
+        r = httpx.get(
+            f"{service.url}/jobs/{mine}/model", headers={"Authorization": f"Bearer {alice}"}
+        )
+    finally:
+        staging.unlink()
+    assert r.status_code == 503, r.text[:200]
+    assert r.headers["Retry-After"]
