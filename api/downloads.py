@@ -1,20 +1,28 @@
-"""Model downloads in flight: each holds a database connection (its snapshot) for as long
-as its client takes to read it, so their number is bounded per key and per API process,
-below the connection pool: a key that opens downloads and never reads them cannot take the
-connections every other request needs."""
+"""Model downloads in flight. Each is sent from a copy of the model on disk, made in one
+short read of the database (core.store.model_blob), so a client's pace never holds a
+transaction open; their number is still bounded per key and per API process (each holds a
+copy on disk and a thread while it is made), and a client that stops reading is cut off
+after download_send_timeout_s."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 from collections import Counter
 
-from starlette.responses import StreamingResponse
+from fastapi import HTTPException
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from api.errors import RETRY_AFTER_S
 from core.config import Settings
+from core.db import Database
 from core.errors import QuotaExceeded
-from core.store.model_blob import ModelBlob
+from core.store.model_blob import ModelCopy, copy_model
+
+log = logging.getLogger("trainq.api")
 
 
 class DownloadSlots:
@@ -54,18 +62,58 @@ def _refusal(limit: str, allowed: int, owner: str) -> QuotaExceeded:
     )
 
 
-class DownloadResponse(StreamingResponse):
-    """A model's bytes; its slot is released and its snapshot closed however the response
-    ends (sent, the client gone, the server stopping)."""
+def staged_model(db: Database, settings: Settings, *, job_id: str, format: str) -> ModelCopy | None:
+    """The model copied out of the database to be sent (core.store.model_blob), into
+    data_dir/downloads, or None if the job has none in `format`. A data directory that
+    cannot take the copy (full, read-only) answers 503 with Retry-After."""
+    try:
+        return copy_model(db, job_id=job_id, format=format, folder=settings.data_dir / "downloads")
+    except OSError as e:
+        log.warning("could not copy a model of job %s to send it: %s", job_id, e)
+        raise HTTPException(
+            503,
+            detail="the API has no room to stage this download (its data directory is full "
+            "or not writable); retry shortly",
+            headers={"Retry-After": RETRY_AFTER_S},
+        ) from e
+
+
+class DownloadResponse(Response):
+    """A model's bytes, sent from its copy (core.store.model_blob). Each chunk must be
+    taken by the client within download_send_timeout_s, or the response is cut: a client
+    that stops reading holds its slot and its copy no longer. The slot is released and the
+    copy closed however the response ends (sent, cut, the client gone, the server
+    stopping)."""
 
     def __init__(
-        self, slots: DownloadSlots, owner: str, blob: ModelBlob, headers: dict[str, str], media: str
+        self,
+        slots: DownloadSlots,
+        owner: str,
+        model: ModelCopy,
+        headers: dict[str, str],
+        media: str,
+        settings: Settings,
     ) -> None:
-        super().__init__(blob.chunks(), headers=headers, media_type=media)
-        self.slots, self.owner, self.blob = slots, owner, blob
+        super().__init__(headers=headers, media_type=media)
+        self.slots, self.owner, self.model = slots, owner, model
+        self.send_timeout_s = settings.download_send_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            chunks = self.model.chunks()
+            while chunk := await run_in_threadpool(next, chunks, b""):
+                body = {"type": "http.response.body", "body": chunk, "more_body": True}
+                await asyncio.wait_for(send(body), self.send_timeout_s)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:
+            log.warning(
+                "a download of %s bytes was cut: its client took nothing for %g s",
+                self.model.size,
+                self.send_timeout_s,
+            )
+        except OSError:
+            pass  # the client went away
         finally:
+            await run_in_threadpool(self.model.close)
             self.slots.release(self.owner)

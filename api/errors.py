@@ -17,6 +17,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from core.errors import (
     DatasetInUse,
     JobActive,
+    ModelDamaged,
     ModelPurged,
     QuotaExceeded,
     TooManyFollowers,
@@ -31,6 +32,7 @@ STATUS: dict[type[TrainqError], int] = {
     JobActive: 409,
     DatasetInUse: 409,
     ModelPurged: 410,
+    ModelDamaged: 500,  # the stored bytes, not the request: retrying does not help
 }
 RETRY_AFTER_S = "5"
 # A full Redis frees memory as streams of ended jobs expire, or when an operator acts:

@@ -30,6 +30,8 @@ from enum import Enum
 from typing import Any
 
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -58,6 +60,9 @@ GAP_POLL_S = 1.0  # how often a follower waiting for missing steps asks the data
 ENDED_POLL_S = 3.0
 DB_PAGE = 2000
 KEEP_ALIVE = ": keep-alive\n\n"
+# A follower's last words when Redis or the database fails under a stream already started:
+# reconnect in 5 s (with Last-Event-ID, as an EventSource does by itself).
+RETRY = "retry: 5000\n\n"
 ADMIN_ONLY = frozenset({"worker"})  # status fields no event carries (see _for_every_key)
 
 Batch = list[tuple[EntryId, str]]  # (entry id, the SSE text of that entry), in order
@@ -68,6 +73,7 @@ class Signal(Enum):
     BEHIND = "the feed let go of this follower: read Redis directly"
     ENDED = "the job ended and Redis holds no end: close from the database"
     LAGGING = "the connection left too many live entries untaken: say so and close"
+    AWAY = "Redis or the database stopped answering the feed: hint a retry and close"
 
 
 Item = Batch | Signal
@@ -158,6 +164,7 @@ class _Feed:
     async def _run(self) -> None:
         key = stream_key(self.job_id)
         asked_db = time.monotonic()
+        gone = Signal.BEHIND  # once the feed is gone: read Redis directly
         try:
             while self.followers:
                 raw: Any = await self.hub.ar.xread(
@@ -178,13 +185,16 @@ class _Feed:
                     return
                 if not raw:
                     self._send(Signal.IDLE)
+        except (RedisError, SQLAlchemyError) as e:
+            log.warning("live feed of job %s stopped: %s", self.job_id, _cause(e))
+            gone = Signal.AWAY
         except Exception:
             log.exception("live feed of job %s stopped", self.job_id)
         finally:
             if self.hub.feeds.get(self.job_id) is self:
                 del self.hub.feeds[self.job_id]
             for inbox in list(self.followers):
-                inbox.offer(Signal.BEHIND)  # the feed is gone: read Redis directly
+                inbox.offer(gone)
 
     def _send(self, item: Item) -> None:
         for inbox in list(self.followers):
@@ -261,6 +271,15 @@ class EventStreamResponse(StreamingResponse):
             self.hub.release(self.owner)
 
 
+class _FeedAway(Exception):
+    """The live feed of a follower's job stopped on a Redis or database error."""
+
+
+def _cause(e: Exception) -> str:
+    """The error without the statement SQLAlchemy quotes with it."""
+    return str(e.orig if isinstance(e, DBAPIError) else e)[:300]
+
+
 def follow_events(
     hub: EventHub, db: Database, ar: AsyncRedis, owner: str, job_id: str, last_event_id: str | None
 ) -> EventStreamResponse:
@@ -296,6 +315,17 @@ class _Follower:
         self.stalled = False  # at a gap the database cannot fill yet
 
     async def events(self) -> AsyncIterator[str]:
+        """The stream. Redis or the database failing once it has started (a status and
+        headers sent already, so no 503 can be) ends it cleanly with a retry hint: the
+        client reconnects with Last-Event-ID and misses nothing."""
+        try:
+            async for chunk in self._events():
+                yield chunk
+        except (RedisError, SQLAlchemyError, _FeedAway) as e:
+            log.warning("the event stream of job %s ended early: %s", self.job_id, _cause(e))
+            yield RETRY
+
+    async def _events(self) -> AsyncIterator[str]:
         while not self.done:
             # Join the live feed first, then read what came before it from Redis: nothing
             # falls between the two, and what both hold is sent once (by entry id).
@@ -338,6 +368,8 @@ class _Follower:
                 async for chunk in self._close():
                     yield chunk
                 return
+            elif item is Signal.AWAY:
+                raise _FeedAway("its live feed stopped on a Redis or database error")
             else:
                 async for chunk in self._deliver(item):
                     yield chunk

@@ -106,13 +106,21 @@ class Settings(BaseSettings):
         4,
         ge=1,
         description="Model downloads one key may hold open at once in one API process (each "
-        "holds a database connection while its client reads); more answer 429.",
+        "holds a copy of its model in data_dir/downloads while its client reads); more "
+        "answer 429.",
     )
     download_max_per_process: int = Field(
         8,
         ge=1,
-        description="Model downloads one API process holds open at once, all keys together: "
-        "below the database connection pool, which every other request needs; more answer 429.",
+        description="Model downloads one API process holds open at once, all keys together "
+        "(each copies its model out of the database first); more answer 429.",
+    )
+    download_send_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A download whose client takes less than a chunk (1 MiB) in this long is "
+        "cut off, and its slot freed: a client that stopped reading, or reads slower than a "
+        "MiB in this time, holds a slot no longer.",
     )
     sse_max_lag: int = Field(
         10_000,

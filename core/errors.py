@@ -207,6 +207,12 @@ class DatasetGone(TrainqError):
     code = "dataset_not_found"
 
 
+class ModelDamaged(TrainqError):
+    """A stored model whose bytes do not match the sha256 and size stored with them."""
+
+    code = "model_damaged"
+
+
 class ModelPurged(TrainqError):
     """The model of a job whose results the retention policy (or `trainq gc`) removed."""
 

@@ -19,7 +19,7 @@ from api.auth import Caller
 from api.cancels import announce_cancel
 from api.cursors import decode_cursor, encode_cursor
 from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, read
-from api.downloads import DownloadResponse, DownloadSlots
+from api.downloads import DownloadResponse, DownloadSlots, staged_model
 from api.errors import RETRY_AFTER_S
 from api.events import EventStreamResponse, follow_events
 from api.formats import (
@@ -41,6 +41,7 @@ from api.schemas import (
     QuotaProblem,
 )
 from api.submissions import OutcomeUnknown, Submitter
+from core.config import Settings
 from core.db import Job, as_utc
 from core.deletion import delete_job
 from core.errors import DatasetGone, ModelPurged
@@ -53,7 +54,6 @@ from core.store import (
     spec_hash,
     step_rows,
 )
-from core.store.model_blob import ModelBlob
 from core.stream import MAX_STEP, STEP, EntryId, aread, latest_step
 from core.sweeps.trials import advance
 from core.text import PLAIN_PATTERN
@@ -426,19 +426,20 @@ def get_model(
         return Response(status_code=304, headers={"ETag": etag})
     if request.method == "HEAD":
         return Response(headers=headers, media_type=MEDIA_TYPES[format])
-    session.close()  # the download reads from a snapshot of its own
+    session.close()  # the copy reads from a snapshot of its own
+    settings: Settings = request.app.state.settings
     slots: DownloadSlots = request.app.state.downloads
     slots.take(caller.owner)  # 429 past the downloads a key or this process may hold open
     try:
-        blob = ModelBlob.open(request.app.state.db, job_id=job.id, format=format)
+        model = staged_model(request.app.state.db, settings, job_id=job.id, format=format)
     except BaseException:
         slots.release(caller.owner)
         raise
-    if blob is None:  # deleted or purged since the look-up above
+    if model is None:  # deleted or purged since the look-up above
         slots.release(caller.owner)
         raise HTTPException(404, detail=f"no job {job.id}")
-    headers.update({"ETag": f'"{blob.sha256}"', "Content-Length": str(blob.size)})
-    return DownloadResponse(slots, caller.owner, blob, headers, MEDIA_TYPES[format])
+    headers.update({"ETag": f'"{model.sha256}"', "Content-Length": str(model.size)})
+    return DownloadResponse(slots, caller.owner, model, headers, MEDIA_TYPES[format], settings)
 
 
 @router.get(

@@ -1,30 +1,72 @@
-"""A stored model read in chunks, so that a download holds one chunk in memory whatever the
-model's size. Every chunk comes from one snapshot (Database.snapshot): a job deleted or
-purged while its model downloads still sends the model it had, whole."""
+"""A stored model copied out of the database in one short read: chunk by chunk from one
+snapshot into an unnamed file, checked against its sha256, and the snapshot closed before a
+byte is sent. A download then sends the file at its client's pace while holding nothing in
+the database: no SQLite read transaction that keeps the WAL from being checkpointed, no
+PostgreSQL snapshot that holds back vacuum. A job deleted or purged while its model is sent
+still sends the model it had, whole; a model damaged in storage is refused before its
+response starts."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import tempfile
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
 from sqlalchemy import func, literal_column, select
 from sqlalchemy.orm import Session
 
 from core.db import Artifact, Database
+from core.errors import ModelDamaged
 
 log = logging.getLogger("trainq.store")
 CHUNK_BYTES = 1 << 20
 
 
-class StoredModelCorrupt(Exception):
-    """The bytes read are not those the row's sha256 and size describe."""
+@dataclass
+class ModelCopy:
+    """One format of a job's model, in a file of its own that is gone once closed."""
+
+    file: IO[bytes]
+    sha256: str
+    size: int
+
+    def chunks(self) -> Iterator[bytes]:
+        self.file.seek(0)
+        while chunk := self.file.read(CHUNK_BYTES):
+            yield chunk
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def copy_model(db: Database, *, job_id: str, format: str, folder: Path) -> ModelCopy | None:
+    """The model, copied into an unnamed file in `folder` (O_TMPFILE where the system has
+    it, else unlinked at once), or None if the job has none in `format`. ModelDamaged if
+    its bytes are not those its sha256 and size describe."""
+    blob = ModelBlob.open(db, job_id=job_id, format=format)
+    if blob is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    file = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115 (closed by its download)
+    try:
+        for chunk in blob.chunks():
+            file.write(chunk)
+        file.flush()
+    except BaseException:
+        file.close()
+        raise
+    finally:
+        blob.close()
+    return ModelCopy(file, blob.sha256, blob.size)
 
 
 class ModelBlob:
-    """One format of a job's model, open for reading: its sha256 and size, then its bytes
-    (`chunks`, once). Holds its session until the chunks are read or it is closed."""
+    """One format of a job's model, open for reading in one snapshot: its sha256 and size,
+    then its bytes (`chunks`, once). Holds its session until it is closed."""
 
     def __init__(self, s: Session, *, job_id: str, format: str, sha256: str, size: int) -> None:
         self._s = s
@@ -57,26 +99,27 @@ class ModelBlob:
         self._s.close()
 
     def chunks(self) -> Iterator[bytes]:
-        """The bytes, CHUNK_BYTES at a time. The last chunk is held back until the whole
-        has matched its sha256: a model damaged in storage never arrives whole (the
-        response is cut short of its Content-Length)."""
-        try:
-            digest = hashlib.sha256()
-            offset = 0
-            while offset < self.size:
-                chunk = self._read(offset, min(CHUNK_BYTES, self.size - offset))
-                if not chunk:
-                    raise StoredModelCorrupt(f"shorter than its {self.size} bytes")
-                digest.update(chunk)
-                offset += len(chunk)
-                if offset >= self.size and digest.hexdigest() != self.sha256:
-                    raise StoredModelCorrupt("failed its sha256 check")
-                yield chunk
-        except StoredModelCorrupt as e:
-            log.error("stored model of job %s (%s) %s", self.job_id, self.format, e)
-            raise
-        finally:
-            self.close()
+        """The bytes, CHUNK_BYTES at a time, then ModelDamaged if they were not those the
+        row's sha256 and size describe."""
+        digest = hashlib.sha256()
+        offset = 0
+        while offset < self.size:
+            chunk = self._read(offset, min(CHUNK_BYTES, self.size - offset))
+            if not chunk:
+                raise self._damaged(f"is shorter than its {self.size} bytes")
+            digest.update(chunk)
+            offset += len(chunk)
+            yield chunk
+        if offset != self.size or digest.hexdigest() != self.sha256:
+            raise self._damaged("failed its sha256 check")
+
+    def _damaged(self, why: str) -> ModelDamaged:
+        what = f"the stored {self.format} model of job {self.job_id}"
+        log.error("%s %s", what, why)
+        return ModelDamaged(
+            f"{what} {why}: it was damaged in storage and cannot be sent; an operator can "
+            "look at the database, and the job can be trained again"
+        )
 
     def _read(self, offset: int, length: int) -> bytes:
         if self._s.get_bind().dialect.name == "sqlite":

@@ -1,28 +1,24 @@
-"""Model downloads a key leaves open and never reads hold a database connection each: past
-download_max_per_key they are refused (429), and the other keys' requests go on."""
+"""Model downloads a key leaves open and never reads: past download_max_per_key they are
+refused (429), and the other keys' requests go on; each is cut off once its client has
+taken nothing for download_send_timeout_s, which frees its slot."""
 
 from __future__ import annotations
 
-import hashlib
-import os
+import contextlib
 import socket
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from core.db import Artifact, Database
-from core.owners import owner_id
-from core.store import new_job
-from tests.service import RedisServer, Service
-
-SPEC = {"dataset": "mnist-sample", "model": "mlp", "epochs": 1}
+from tests.downloads import stalled_download, succeeded_job
+from tests.service import RedisServer, Service, wait_until
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
+@contextlib.contextmanager
+def api(tmp_path: Path, env: dict[str, str]) -> Iterator[Service]:
+    """The API alone, at most two downloads a key, with `env`."""
     (tmp_path / "data").mkdir()
     redis = RedisServer(tmp_path / "redis")
     redis.start()
@@ -31,7 +27,7 @@ def service(tmp_path: Path) -> Iterator[Service]:
         database_url=f"sqlite:///{tmp_path / 'trainq.db'}",
         redis=redis,
         log_dir=tmp_path,
-        extra_env={"TRAINQ_DOWNLOAD_MAX_PER_KEY": "2"},
+        extra_env={"TRAINQ_DOWNLOAD_MAX_PER_KEY": "2"} | env,
     )
     try:
         svc.migrate()
@@ -42,27 +38,18 @@ def service(tmp_path: Path) -> Iterator[Service]:
         redis.kill()
 
 
-def succeeded_job(database_url: str, key: str, size: int) -> str:
-    """A succeeded job of `key`'s with a model of `size` bytes, as a worker stores it."""
-    data = os.urandom(size)
-    job_id = str(uuid.uuid4())
-    with Database(database_url).writer() as s:
-        job = new_job(job_id=job_id, spec=SPEC, owner=owner_id(key), idempotency_key=None)
-        job.status = "succeeded"
-        s.add(job)
-        s.flush()
-        digest = hashlib.sha256(data).hexdigest()
-        s.add(Artifact(job_id=job_id, format="torchscript", data=data, sha256=digest, size=size))
-    return job_id
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Service]:
+    with api(tmp_path, {}) as svc:
+        yield svc
 
 
-def stalled_download(port: int, key: str, job_id: str) -> socket.socket:
-    """A download whose client reads its headers, then nothing more."""
-    sock = socket.create_connection(("127.0.0.1", port))
-    request = f"GET /jobs/{job_id}/model HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
-    sock.sendall(request.encode())
-    assert sock.recv(12) == b"HTTP/1.1 200"
-    return sock
+@pytest.fixture
+def impatient(tmp_path: Path) -> Iterator[Service]:
+    """One download a key, cut once its client took nothing for a second."""
+    env = {"TRAINQ_DOWNLOAD_MAX_PER_KEY": "1", "TRAINQ_DOWNLOAD_SEND_TIMEOUT_S": "1"}
+    with api(tmp_path, env) as svc:
+        yield svc
 
 
 def test_a_key_holds_no_more_downloads_open_than_its_limit(service: Service) -> None:
@@ -85,3 +72,33 @@ def test_a_key_holds_no_more_downloads_open_than_its_limit(service: Service) -> 
     finally:
         for sock in stalled:
             sock.close()
+
+
+def received_until_closed(sock: socket.socket) -> int:
+    sock.settimeout(30)
+    total = 0
+    while data := sock.recv(1 << 20):
+        total += len(data)
+    return total
+
+
+@pytest.mark.slow
+def test_a_download_whose_client_stops_reading_is_cut_and_frees_its_slot(
+    impatient: Service,
+) -> None:
+    service = impatient
+    alice = service.keys[0]
+    size = 32 << 20
+    mine = succeeded_job(service.database_url, alice, size)
+    small = succeeded_job(service.database_url, alice, 1000)
+    stalled = stalled_download(service.port, alice, mine)
+    try:
+        auth = {"Authorization": f"Bearer {alice}"}
+
+        def another() -> int:
+            return httpx.get(f"{service.url}/jobs/{small}/model", headers=auth).status_code
+
+        wait_until(lambda: another() == 200, 30, "the stalled download to be cut", 0.2)
+        assert received_until_closed(stalled) < size
+    finally:
+        stalled.close()
