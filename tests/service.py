@@ -330,6 +330,15 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def alive(pid: int) -> bool:
+    """Running, neither ended nor a zombie waiting for its parent."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def children(pid: int) -> list[int]:
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):

@@ -58,6 +58,7 @@ log = logging.getLogger("trainq.worker")
 
 RETRY_FIRST_S = 1.0  # Redis away: the first wait before trying again, doubled each time
 RETRY_MAX_S = 15.0
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}  # RQ's warm shutdown
 FAIR_POLL_S = 1  # fair share: how often an idle worker looks again at a queue it cannot take from
 
 
@@ -247,6 +248,27 @@ class TrainqWorker(Worker):
         except RedisError as e:  # as in heartbeat: the horse goes on, and so does its parent
             log.warning("job heartbeat of %s not sent (%s); the job goes on", job.id, e)
 
+    def fork_work_horse(self, job: Job, queue: Queue) -> None:
+        """RQ's fork, with SIGTERM and SIGINT held across it. In the worker, one that came
+        in between is delivered once the horse's pid is known, so the horse is told
+        (handle_warm_shutdown_request). In the horse, SIGTERM stays held until the job
+        function's handler is in place (worker.preemption): one that came before it is
+        delivered to it, and the job is handed back, where it used to kill the horse."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            stopping = asked_to_stop(self)  # before the horse: no one would tell it
+            super().fork_work_horse(job, queue)  # only the worker returns from it
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if stopping:
+            self.stop_horse()
+
+    def setup_work_horse_signals(self) -> None:
+        """RQ's (SIGINT ignored, SIGTERM default), and SIGINT no longer held: only SIGTERM
+        waits for the job function's handler."""
+        super().setup_work_horse_signals()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
     def main_work_horse(self, job: Job, queue: Queue) -> None:
         die_with_parent(self.pid or 0)  # set in the worker: its own pid
         if self.fair is not None:  # the parent's pooled connections stay the parent's
@@ -264,6 +286,9 @@ class TrainqWorker(Worker):
         instead of for the whole job. Only the horse: its DataLoader workers, in its
         process group, are its to stop."""
         super().handle_warm_shutdown_request()
+        self.stop_horse()
+
+    def stop_horse(self) -> None:
         if self.horse_pid:
             with contextlib.suppress(ProcessLookupError):  # it has just ended
                 os.kill(self.horse_pid, signal.SIGTERM)
@@ -272,8 +297,8 @@ class TrainqWorker(Worker):
 def die_with_parent(parent: int) -> None:
     """A work horse gets SIGTERM when its parent dies (kill -9, a crash), so that its job
     checkpoints and goes back on the queue (worker.preemption) instead of training on beside
-    the launcher's next worker. The inherited handler is RQ's parent's; until the job function
-    installs its own, SIGTERM kills (the reconciler then requeues the job as lost)."""
+    the launcher's next worker. The signal is held until the job function's handler is in
+    place (fork_work_horse), so it is never fatal before."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         end_with_parent(parent, signal.SIGTERM)

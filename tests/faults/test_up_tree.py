@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service import REPO, descendants, free_port, kill_group, wait_until
+from tests.service import REPO, alive, descendants, free_port, kill_group, wait_until
 
 
 def trainq_env(data_dir: Path, **settings: str) -> dict[str, str]:
@@ -51,15 +51,6 @@ def serving_with_a_worker(port: int) -> bool:
         return bool(httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()["workers_alive"])
     except (httpx.HTTPError, ValueError, KeyError):
         return False
-
-
-def alive(pid: int) -> bool:
-    """Running, neither ended nor a zombie waiting for its parent."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def port_free(port: int) -> bool:

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.faults.test_up_tree import alive, embedded_redis, start_up
-from tests.service import descendants, free_port, kill_group, wait_until
+from tests.faults.test_up_tree import embedded_redis, start_up
+from tests.service import alive, descendants, free_port, kill_group, wait_until
 
 
 @contextlib.contextmanager

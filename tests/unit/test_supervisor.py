@@ -12,12 +12,11 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from core.local.lifetime import ParentGone, end_with_parent
-from tests.service import REPO, wait_until
+from tests.service import REPO, alive, wait_until
 
 SUPERVISED = """
 import json, sys
@@ -43,14 +42,6 @@ child = subprocess.Popen(["sleep", "60"], preexec_fn=ends_with_this_process())
 print(child.pid, flush=True)
 child.wait()
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 @contextlib.contextmanager
