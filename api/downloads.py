@@ -105,10 +105,11 @@ class DownloadResponse(Response):
             while chunk := await run_in_threadpool(next, chunks, b""):
                 body = {"type": "http.response.body", "body": chunk, "more_body": True}
                 await asyncio.wait_for(send(body), self.send_timeout_s)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            end = {"type": "http.response.body", "body": b"", "more_body": False}
+            await asyncio.wait_for(send(end), self.send_timeout_s)
         except TimeoutError:
             log.warning(
-                "a download of %s bytes was cut: its client took nothing for %g s",
+                "a download of %s bytes was cut: its client took less than a chunk in %g s",
                 self.model.size,
                 self.send_timeout_s,
             )
