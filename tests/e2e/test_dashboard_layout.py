@@ -177,8 +177,8 @@ def test_dashboard_layout(
 
     assert not problems, "\n".join(problems)
 
-    # The x axis: by steps the runs end apart (four times the steps at a quarter of the
-    # batch), by epochs together, by images seen within one batch of each other.
+    # The x axis: by steps the runs end apart (a quarter of the batch takes about four times
+    # the steps), by epochs together, by images seen within one batch of each other.
     page.goto(f"{service.url}/#/compare/{small['id']},{large['id']}")
     expect(page.locator("#compare-loss-plot")).to_have_attribute("data-series", "2")
     axis = page.locator("#compare-x")
