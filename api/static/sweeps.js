@@ -65,7 +65,7 @@ async function refreshSweeps(signal) {
       { "data-sweep-id": sw.id, "data-status": sw.status },
       el("td", {}, el("a", { href: `#/sweeps/${sw.id}`, class: "mono", text: sw.id.slice(0, 8) })),
       el("td", {}, statusBadge(sw.status)),
-      el("td", { text: dimensions(sw.spec).map((d) => d.name).join(", ") }),
+      el("td", { class: "wrap", text: dimensions(sw.spec).map((d) => d.name).join(", ") }),
       el("td", { text: `${sw.objective.direction} ${sw.objective.metric}` }),
       el("td", { class: "num", text: `${sw.budget.ended} / ${sw.budget.trials}` }),
       el("td", { class: "num", text: sw.best ? fmtValue(sw.best.value) : "–" }),
