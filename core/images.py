@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import io
+import struct
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -19,6 +21,7 @@ MAX_DECODED_BYTES = 64 << 20
 # Pillow's own bomb check agrees: it warns past this many pixels and refuses past twice as
 # many, so an image within MAX_SIDE never warns and any image it would refuse, ours does.
 Image.MAX_IMAGE_PIXELS = 2 * MAX_SIDE * MAX_SIDE
+MAX_ENCODED_BYTES = 16 << 20  # a PNG or JPEG file; the API's own limits are tighter
 STRIP_ROWS = 64  # rows converted at once while an image is reduced
 REDUCING_GAP = 3  # a reduced image stays this many times the model's size
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -39,6 +42,32 @@ def give_back_large_buffers(threshold: int = 4 << 20) -> None:
         libc.mallopt(_M_MMAP_THRESHOLD, threshold)
     except (OSError, AttributeError):  # no glibc (musl, macOS): its own policy stands
         pass
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# The chunks that make a PNG's pixels. Pillow inflates the others it knows (zTXt, iTXt,
+# iCCP: up to 64 MiB of text a file) as it reads them, work no prediction or data set needs.
+PNG_PIXEL_CHUNKS = frozenset({b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND"})
+
+
+def pixel_chunks(data: bytes) -> bytes:
+    """A PNG with only the chunks its pixels need (PNG_PIXEL_CHUNKS), before Pillow reads
+    any of it: its text, colour profile and other chunks are skipped unread. Any other
+    file comes back unchanged; a truncated PNG stays truncated, for the decoder to refuse."""
+    if not data.startswith(PNG_SIGNATURE):
+        return data
+    view = memoryview(data)
+    kept = [view[: len(PNG_SIGNATURE)]]
+    at = len(PNG_SIGNATURE)
+    while at < len(data):
+        length, kind = struct.unpack_from(">I4s", data, at) if at + 8 <= len(data) else (0, b"")
+        end = at + 12 + length  # length, type, data, CRC
+        if kind in PNG_PIXEL_CHUNKS or not kind:
+            kept.append(view[at:end])
+        if kind in (b"IEND", b""):
+            break
+        at = end
+    return b"".join(kept)
 
 
 class ImageRejected(ValueError):
@@ -110,7 +139,7 @@ def decode_image(
     try:
         # Image.open reads the header only. No warnings.catch_warnings here: it is not
         # thread-safe, and this runs in a threadpool.
-        with Image.open(data, formats=("PNG", "JPEG")) as img:
+        with open_image(data.read(MAX_ENCODED_BYTES + 1)) as img:
             width, height = img.size
             if width > MAX_SIDE or height > MAX_SIDE or width < 1 or height < 1:
                 raise ImageRejected(f"is {width}×{height} pixels: at most {MAX_SIDE}×{MAX_SIDE}")
@@ -140,6 +169,14 @@ def decode_image(
         raise ImageRejected(f"too many pixels ({e})") from e
     except Exception as e:  # Pillow raises many kinds on a corrupt file; none is a 500
         raise ImageRejected(f"could not be decoded ({type(e).__name__}: {e})") from e
+
+
+def open_image(data: bytes) -> Image.Image:
+    """A PNG or JPEG opened (its header read, nothing decoded), a PNG with only the chunks
+    its pixels need."""
+    if len(data) > MAX_ENCODED_BYTES:
+        raise ImageRejected(f"is over {MAX_ENCODED_BYTES >> 20} MiB")
+    return Image.open(io.BytesIO(pixel_chunks(data)), formats=("PNG", "JPEG"))
 
 
 def decoded_bytes(img: Image.Image) -> int:

@@ -8,7 +8,7 @@ import struct
 import zlib
 
 import pytest
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, PngImagePlugin
 
 from core.images import (
     MAX_DECODED_BYTES,
@@ -18,8 +18,10 @@ from core.images import (
     decode_cost,
     decode_image,
     decoded_bytes,
+    pixel_chunks,
     to_channels,
 )
+from tests.uploads import text_bomb_png
 
 
 def encoded(img: Image.Image, fmt: str = "PNG") -> io.BytesIO:
@@ -107,3 +109,36 @@ def test_the_cost_reserved_is_the_decoded_pixels_and_a_few_strips() -> None:
     with Image.open(encoded(Image.new("RGBA", (4096, 4096)))) as img:
         assert decoded_bytes(img) == MAX_DECODED_BYTES
         assert decode_cost(img, (28, 28)) < MAX_DECODED_BYTES + (4 << 20) * 146
+
+
+def test_text_chunks_of_a_png_to_predict_are_never_inflated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inflated: list[int] = []
+    real = PngImagePlugin._safe_zlib_decompress
+    monkeypatch.setattr(
+        PngImagePlugin, "_safe_zlib_decompress", lambda s: inflated.append(1) or real(s)
+    )
+    bomb = text_bomb_png(200)
+    assert decode_image(io.BytesIO(bomb), (1, 28, 28), invert=False) == bytes([200]) * 784
+    assert inflated == []
+
+
+def test_only_the_chunks_that_make_pixels_reach_the_decoder() -> None:
+    """A palette image with a transparent entry keeps its palette and transparency (PLTE,
+    tRNS); its text and colour profile are dropped unread; other files pass unchanged."""
+    img = Image.new("P", (28, 28), 0)
+    img.putpalette([0, 0, 0, 255, 255, 255])
+    img.paste(1, (10, 4, 18, 24))
+    info = PngImagePlugin.PngInfo()
+    info.add_text("comment", "x" * 1000, zip=True)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", transparency=0, pnginfo=info, icc_profile=b"\0" * 200)
+    kept = pixel_chunks(buf.getvalue())
+    with Image.open(io.BytesIO(kept)) as opened:
+        assert opened.mode == "P" and opened.info.get("transparency") == 0
+        assert "comment" not in opened.info and "icc_profile" not in opened.info
+        assert opened.tobytes() == img.tobytes()
+    for fmt in ("JPEG", "GIF"):
+        other = encoded(Image.new("RGB", (8, 8)), fmt).getvalue()
+        assert pixel_chunks(other) == other
