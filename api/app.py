@@ -16,6 +16,7 @@ from api.routes import datasets, docs, health, jobs, predict, quotas, sweeps, we
 from api.submissions import Submitter
 from core.config import Settings
 from core.db import Database
+from core.images import DecodeBudget, give_back_large_buffers
 from core.local.redis_server import connect, connect_async
 
 MAX_BODY_BYTES = 1 << 20  # a job spec is a few hundred bytes
@@ -36,6 +37,8 @@ def lifespan(settings: Settings, redis_url: str) -> Lifespan:
         app.state.submitter = Submitter(app.state.db, redis_url, settings)
         app.state.events = EventHub(app.state.db, app.state.aredis, settings)
         app.state.downloads = DownloadSlots(settings)
+        app.state.decode_budget = DecodeBudget(settings.max_decode_bytes)
+        give_back_large_buffers()
         app.state.sweep_reports = sweeps.SweepReports(app.state.db)
         # Everything made so far lives as long as the process: out of the collector's sight,
         # full collections no longer walk it (each walk stalled every request in flight).

@@ -24,6 +24,7 @@ from core.errors import (
     TrainqError,
 )
 from core.field_errors import readable
+from core.images import DecodeBusy
 
 log = logging.getLogger("trainq.api")
 JSON_HINT = "send a JSON object with Content-Type: application/json"
@@ -86,6 +87,10 @@ def install(app: FastAPI) -> None:
         """429 naming the limit: the client may follow again once one of its streams ends."""
         body = {"detail": exc.message, "limit": exc.limit, "allowed": exc.allowed}
         return JSONResponse(body, status_code=429, headers={"Retry-After": RETRY_AFTER_S})
+
+    @app.exception_handler(DecodeBusy)
+    async def decodes_busy(_: Request, exc: Exception) -> JSONResponse:
+        return _unavailable(str(exc), exc)
 
     @app.exception_handler(PoolTimeout)
     async def pool_exhausted(_: Request, exc: Exception) -> JSONResponse:

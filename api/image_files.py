@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from api.body import BODY_SLACK, CappedRequest, refuse_large_file
 from api.json_images import invalid, problem
-from core.images import ImageRejected, decode_image
+from core.images import DecodeBudget, ImageRejected, decode_image
 
 if TYPE_CHECKING:
     import torch
@@ -33,7 +33,10 @@ async def read_file_images(
     takes dark-on-light images. Decoding runs in the threadpool, never on the event loop."""
     files, form_invert = await _read_files(request)
     try:
-        return await run_in_threadpool(_images_from_files, files, shape, invert or form_invert)
+        budget = request.app.state.decode_budget
+        return await run_in_threadpool(
+            _images_from_files, files, shape, invert or form_invert, budget
+        )
     finally:
         for f in files:
             await f.close()
@@ -107,7 +110,7 @@ def _form_fields(form: FormData) -> tuple[list[UploadFile], bool, list[dict[str,
 
 
 def _images_from_files(
-    files: list[UploadFile], shape: tuple[int, int, int], invert: bool
+    files: list[UploadFile], shape: tuple[int, int, int], invert: bool, budget: DecodeBudget
 ) -> torch.Tensor:
     import torch
 
@@ -124,7 +127,7 @@ def _images_from_files(
             f, MAX_FILE_BYTES, f"file {name!r} (files[{i}])", f"{MAX_FILE_BYTES} (1 MiB) per file"
         )
         try:
-            decoded.append(decode_image(f.file, (c, h, w), invert))
+            decoded.append(decode_image(f.file, (c, h, w), invert, budget))
         except ImageRejected as e:
             errors.append(problem("invalid_image", ("body", "files", i), f"{name!r}: {e}"))
     if errors:

@@ -84,6 +84,13 @@ class Settings(BaseSettings):
         description="POST /datasets parsed at once per API process (each may hold a few "
         "times its decompressed size in memory); more answer 429 with Retry-After.",
     )
+    max_decode_bytes: int = Field(
+        256 << 20,
+        ge=128 << 20,
+        description="Bytes the images being decoded for predictions may hold at once in one "
+        "API process (one image holds at most 64 MiB and a few strips); a request that "
+        "cannot get its share within 5 s answers 503 with Retry-After.",
+    )
     submit_redis_timeout_s: float = Field(
         2.0,
         gt=0,

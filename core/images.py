@@ -3,18 +3,108 @@ images a prediction is asked for and the images of an uploaded data set alike.""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import io
+import struct
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import IO
 
 from PIL import Image, ImageOps
 
 MAX_SIDE = 4096  # pixels, either side of an image sent for prediction, checked before decoding
+# One image's pixels as Pillow holds them once decoded (4 bytes a pixel for RGB and RGBA),
+# checked from the header: a 4096×4096 RGBA image is the most one decode may hold.
+MAX_DECODED_BYTES = 64 << 20
+# Pillow's own bomb check agrees: it warns past this many pixels and refuses past twice as
+# many, so an image within MAX_SIDE never warns and any image it would refuse, ours does.
+Image.MAX_IMAGE_PIXELS = 2 * MAX_SIDE * MAX_SIDE
+MAX_ENCODED_BYTES = 16 << 20  # a PNG or JPEG file; the API's own limits are tighter
+STRIP_ROWS = 64  # rows converted at once while an image is reduced
+REDUCING_GAP = 3  # a reduced image stays this many times the model's size
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+DECODE_WAIT_S = 5.0  # how long a decode waits for its share of the process's budget
 # Modes with no colour: a data set of only these is stored with one channel.
 GRAY_MODES = ("1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N")
 _ALPHA_MODES = ("RGBA", "LA", "PA", "La", "RGBa")
 
 
+def give_back_large_buffers(threshold: int = 4 << 20) -> None:
+    """Make the C allocator (glibc) map every block over `threshold` bytes on its own, so
+    that a decoded image's pixels go back to the system the moment they are freed. Left
+    to itself, glibc raises that threshold past the size of the first large block freed,
+    and the next images' pixels are carved from per-thread heaps that stay resident: a
+    budget of decoded bytes would then not bound the process's memory. A no-op elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, threshold)
+    except (OSError, AttributeError):  # no glibc (musl, macOS): its own policy stands
+        pass
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# The chunks that make a PNG's pixels. Pillow inflates the others it knows (zTXt, iTXt,
+# iCCP: up to 64 MiB of text a file) as it reads them, work no prediction or data set needs.
+PNG_PIXEL_CHUNKS = frozenset({b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND"})
+
+
+def pixel_chunks(data: bytes) -> bytes:
+    """A PNG with only the chunks its pixels need (PNG_PIXEL_CHUNKS), before Pillow reads
+    any of it: its text, colour profile and other chunks are skipped unread. Any other
+    file comes back unchanged; a truncated PNG stays truncated, for the decoder to refuse."""
+    if not data.startswith(PNG_SIGNATURE):
+        return data
+    view = memoryview(data)
+    kept = [view[: len(PNG_SIGNATURE)]]
+    at = len(PNG_SIGNATURE)
+    while at < len(data):
+        length, kind = struct.unpack_from(">I4s", data, at) if at + 8 <= len(data) else (0, b"")
+        end = at + 12 + length  # length, type, data, CRC
+        if kind in PNG_PIXEL_CHUNKS or not kind:
+            kept.append(view[at:end])
+        if kind in (b"IEND", b""):
+            break
+        at = end
+    return b"".join(kept)
+
+
 class ImageRejected(ValueError):
     """An upload that is not a usable PNG or JPEG; the message says why."""
+
+
+class DecodeBusy(RuntimeError):
+    """The process's decodes hold their whole budget, and none gave back enough in time."""
+
+
+class DecodeBudget:
+    """The bytes this process's image decodes may hold at once (Settings.max_decode_bytes).
+    A decode reserves what it will hold before it decodes, and waits up to `wait_s` for
+    others to give back enough; past that it raises DecodeBusy."""
+
+    def __init__(self, limit: int, wait_s: float = DECODE_WAIT_S) -> None:
+        self.limit = limit
+        self.wait_s = wait_s
+        self._held = 0
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def reserve(self, size: int) -> Iterator[None]:
+        size = min(size, self.limit)  # one image never waits for more than there is
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._held + size <= self.limit, self.wait_s):
+                raise DecodeBusy(
+                    f"this API process is decoding {self._held >> 20} MiB of images already "
+                    f"(max_decode_bytes: {self.limit >> 20} MiB)"
+                )
+            self._held += size
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._held -= size
+                self._changed.notify_all()
 
 
 def to_channels(img: Image.Image, channels: int, light_background: bool = False) -> Image.Image:
@@ -34,27 +124,44 @@ def to_channels(img: Image.Image, channels: int, light_background: bool = False)
     return img.convert(mode)
 
 
-def decode_image(data: IO[bytes], shape: tuple[int, int, int], invert: bool) -> bytes:
+def decode_image(
+    data: IO[bytes],
+    shape: tuple[int, int, int],
+    invert: bool,
+    budget: DecodeBudget | None = None,
+) -> bytes:
     """A PNG or JPEG as the model's input: `H*W*C` bytes (C = 1: "L", 3: "RGB"), H, W, C
     order, white on black (`invert` takes dark-on-light images). The size is checked from
-    the header, before any pixel is decoded."""
+    the header, before any pixel is decoded; a JPEG is decoded at a reduced scale, and any
+    image is reduced strip by strip as soon as it is decoded, its share of `budget` held
+    meanwhile."""
     c, h, w = shape
     try:
-        # Image.open reads the header only. Its own bomb check (a warning past ~89 MP, an
-        # error past ~179 MP) comes before ours; ours refuses far below that. No
-        # warnings.catch_warnings here: it is not thread-safe, and this runs in a threadpool.
-        with Image.open(data, formats=("PNG", "JPEG")) as img:
+        # Image.open reads the header only. No warnings.catch_warnings here: it is not
+        # thread-safe, and this runs in a threadpool.
+        with open_image(data.read(MAX_ENCODED_BYTES + 1)) as img:
             width, height = img.size
             if width > MAX_SIDE or height > MAX_SIDE or width < 1 or height < 1:
                 raise ImageRejected(f"is {width}×{height} pixels: at most {MAX_SIDE}×{MAX_SIDE}")
             img.draft("L" if c == 1 else "RGB", (w, h))  # JPEG: decode at a reduced scale
-            out = to_channels(img, c, light_background=invert)
-            if out.size != (w, h):
-                out = out.resize((w, h), Image.Resampling.BILINEAR, reducing_gap=3.0)
+            decoded = decoded_bytes(img)
+            if decoded > MAX_DECODED_BYTES:
+                raise ImageRejected(
+                    f"is {width}×{height} {img.mode} pixels, {decoded >> 20} MiB decoded: at "
+                    f"most {MAX_DECODED_BYTES >> 20} MiB (send it smaller: the model takes {w}×{h})"
+                )
+            held: AbstractContextManager[None] = (
+                nullcontext() if budget is None else budget.reserve(decode_cost(img, (w, h)))
+            )
+            with held:
+                small, box = reduced(img, (w, h))
+                out = to_channels(small, c, light_background=invert)
+            if out.size != (w, h) or box != (0, 0, *out.size):
+                out = out.resize((w, h), Image.Resampling.BILINEAR, box, reducing_gap=3.0)
             if invert:
                 out = ImageOps.invert(out)
             return out.tobytes()
-    except ImageRejected:
+    except (ImageRejected, DecodeBusy):
         raise
     except Image.UnidentifiedImageError as e:
         raise ImageRejected("not a PNG or JPEG image") from e
@@ -62,3 +169,72 @@ def decode_image(data: IO[bytes], shape: tuple[int, int, int], invert: bool) -> 
         raise ImageRejected(f"too many pixels ({e})") from e
     except Exception as e:  # Pillow raises many kinds on a corrupt file; none is a 500
         raise ImageRejected(f"could not be decoded ({type(e).__name__}: {e})") from e
+
+
+def open_image(data: bytes) -> Image.Image:
+    """A PNG or JPEG opened (its header read, nothing decoded), a PNG with only the chunks
+    its pixels need."""
+    if len(data) > MAX_ENCODED_BYTES:
+        raise ImageRejected(f"is over {MAX_ENCODED_BYTES >> 20} MiB")
+    return Image.open(io.BytesIO(pixel_chunks(data)), formats=("PNG", "JPEG"))
+
+
+def decoded_bytes(img: Image.Image) -> int:
+    """What the image's pixels take once Pillow decodes them: 1 byte a pixel for "1", "L"
+    and "P", 2 for 16-bit grayscale, 4 for every other mode (RGB is stored as RGBX)."""
+    per_pixel = 1 if img.mode in ("1", "L", "P") else 2 if img.mode.startswith("I;16") else 4
+    return img.width * img.height * per_pixel
+
+
+def _factor(img: Image.Image, size: tuple[int, int]) -> int:
+    """The integer factor an image is reduced by as it is decoded: what leaves it still
+    REDUCING_GAP times `size`, for the final resize to filter, as Pillow's own
+    `reducing_gap` does."""
+    return max(1, min(img.width // size[0], img.height // size[1]) // REDUCING_GAP)
+
+
+def decode_cost(img: Image.Image, size: tuple[int, int]) -> int:
+    """The most memory decoding and reducing `img` holds at once: its decoded pixels and
+    either a few strips (reduced) or the full-size copies to_channels makes (not reduced)."""
+    decoded = decoded_bytes(img)
+    if _factor(img, size) == 1:
+        return decoded + 4 * 4 * img.width * img.height
+    return decoded + 3 * 4 * img.width * STRIP_ROWS * _factor(img, size)
+
+
+Box = tuple[float, float, float, float]
+
+
+def reduced(img: Image.Image, size: tuple[int, int]) -> tuple[Image.Image, Box]:
+    """`img` decoded and shrunk by an integer factor (see _factor) by averaging blocks
+    (alpha premultiplied, so transparent pixels lend no colour), and the box the whole
+    image covers in it (its last row and column may average a partial block). The work is
+    done strip by strip: beside the decoded pixels, only a strip is ever converted."""
+    img.load()
+    f = _factor(img, size)
+    if f == 1:
+        return img, (0, 0, *img.size)
+    out: Image.Image | None = None
+    rows = f * max(1, STRIP_ROWS // f)  # whole blocks of f rows, but for the last strip
+    for top in range(0, img.height, rows):
+        strip = _averageable(img.crop((0, top, img.width, min(top + rows, img.height))))
+        if out is None:  # the last row and column average what the edges hold
+            out = Image.new(strip.mode, (-(-img.width // f), -(-img.height // f)))
+        out.paste(strip.reduce(f), (0, top // f))
+    assert out is not None  # f > 1: at least one strip
+    straight = out.convert({"La": "LA", "RGBa": "RGBA"}.get(out.mode, out.mode))
+    return straight, (0, 0, img.width / f, img.height / f)
+
+
+def _averageable(img: Image.Image) -> Image.Image:
+    """The image in a mode whose pixels can be averaged: alpha premultiplied ("La",
+    "RGBa"), palettes expanded, 16-bit grayscale widened to "I"."""
+    if img.mode in ("LA", "La"):
+        return img.convert("La")
+    if img.mode in _ALPHA_MODES or img.mode in ("P", "PA") or "transparency" in img.info:
+        return img.convert("RGBA").convert("RGBa")
+    if img.mode.startswith("I;16"):
+        return img.convert("I")
+    if img.mode in ("L", "RGB", "I", "F"):
+        return img
+    return img.convert("L" if img.mode in GRAY_MODES else "RGB")

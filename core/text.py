@@ -8,14 +8,5 @@ query, path, header and form parameters and for body fields alike."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import StringConstraints
-
 PLAIN_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 PLAIN_MESSAGE = "send plain text: no NUL, tab, newline or other control character"
-
-
-# A body field's type (its length bounded by its own Field); parameters take
-# `pattern=PLAIN_PATTERN` in their Query, Path, Header or Form.
-PlainText = Annotated[str, StringConstraints(pattern=PLAIN_PATTERN)]

@@ -45,7 +45,7 @@ from core.datasets import (
     stratified_split,
 )
 from core.errors import DatasetTooLarge, InvalidDataset
-from core.images import GRAY_MODES, to_channels
+from core.images import GRAY_MODES, decoded_bytes, open_image, to_channels
 
 
 def parse_upload(data: bytes) -> ParsedDataset:
@@ -360,6 +360,7 @@ def _folder_layout(
     their headers only, every size checked."""
     size: tuple[int, int] | None = None
     color = False
+    decoded = 0
     for _, m in ordered:
         with _open_image(zf, m) as img:
             w, h = img.size
@@ -369,13 +370,18 @@ def _folder_layout(
                 )
             size = size or (w, h)
             color = color or img.mode not in GRAY_MODES
+            decoded += decoded_bytes(img)
+    if decoded > MAX_UNCOMPRESSED_BYTES:  # each image is decoded at its own size, then resized
+        raise DatasetTooLarge(
+            f"the {len(ordered)} images decode into {decoded >> 20} MiB: at most 1 GiB in all"
+        )
     assert size is not None  # _class_members refused a zip without images
     return size, 3 if color else 1
 
 
 def _open_image(zf: zipfile.ZipFile, m: zipfile.ZipInfo) -> Image.Image:
     try:
-        return Image.open(io.BytesIO(read_member(zf, m)), formats=("PNG", "JPEG"))
+        return open_image(read_member(zf, m))
     except InvalidDataset:
         raise
     except Exception as e:  # Pillow raises many kinds on a bad file

@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 from core.datasets import ParsedDataset
 from core.train.data import user_dataset_path
@@ -34,6 +34,17 @@ def image(
 ) -> bytes:
     buf = io.BytesIO()
     Image.new(mode, size, value).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def text_bomb_png(value: int, chunks: int = 4) -> bytes:
+    """A 16×16 gray PNG carrying `chunks` zTXt chunks of 1 MiB of text each (about 1 KB
+    compressed; Pillow takes up to 64): Pillow inflates every one as it reads the header."""
+    info = PngImagePlugin.PngInfo()
+    for i in range(chunks):
+        info.add_text(f"k{i}", "a" * ((1 << 20) - 1), zip=True)
+    buf = io.BytesIO()
+    Image.new("L", (16, 16), value).save(buf, format="PNG", pnginfo=info)
     return buf.getvalue()
 
 

@@ -60,7 +60,7 @@ _MULTIPART_SCHEMA = {
             "maxItems": MAX_FILES,
             "description": f"1 to {MAX_FILES} PNG or JPEG files of at most 1 MiB and "
             f"{MAX_SIDE}×{MAX_SIDE} pixels each; converted to the model's channels and "
-            "resized to its H×W.",
+            "resized to its H×W (reduced as they are decoded).",
         },
         "invert": {
             "type": "boolean",
@@ -90,6 +90,11 @@ class _Target:
         415: {"model": Problem, "description": "Neither JSON nor multipart/form-data."},
         422: {"description": "Invalid images; `detail[].loc` names the image or file."},
         500: {"model": Problem, "description": "The stored model failed its sha256 check."},
+        503: {
+            "model": Problem,
+            "description": "This API process is decoding all the images its budget allows "
+            "(max_decode_bytes) and none gave back enough within 5 s; see Retry-After.",
+        },
     },
     summary="Classify images with the job's model",
     description='Send JSON `{"images": [...]}` (H×W or C×H×W arrays in [0, 1], at most '

@@ -94,7 +94,7 @@ def leaves(
         extra = option.get("additionalProperties")
         if isinstance(extra, dict):
             for path, what, v in leaves(doc, extra, depth + 1):
-                yield ["epochs", *path], what, v  # a key the model may know
+                yield ["epochs", *path], what, v  # a known key (a JobSpec field): its value is read
             yield [NUL], "NUL key", 1
         if isinstance(option.get("items"), dict):
             for path, what, v in leaves(doc, option["items"], depth + 1):

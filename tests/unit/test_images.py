@@ -8,9 +8,20 @@ import struct
 import zlib
 
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps, PngImagePlugin
 
-from core.images import ImageRejected, decode_image
+from core.images import (
+    MAX_DECODED_BYTES,
+    DecodeBudget,
+    DecodeBusy,
+    ImageRejected,
+    decode_cost,
+    decode_image,
+    decoded_bytes,
+    pixel_chunks,
+    to_channels,
+)
+from tests.uploads import text_bomb_png
 
 
 def encoded(img: Image.Image, fmt: str = "PNG") -> io.BytesIO:
@@ -59,3 +70,75 @@ def test_decode_image_modes() -> None:
     truncated = io.BytesIO(encoded(digit).getvalue()[:60])
     with pytest.raises(ImageRejected):
         decode_image(truncated, (1, 28, 28), invert=False)
+
+
+def full_size_decode(img: Image.Image, shape: tuple[int, int, int], invert: bool) -> bytes:
+    """What decode_image gave before it reduced: every conversion at full size."""
+    c, h, w = shape
+    out = to_channels(img, c, light_background=invert)
+    out = out.resize((w, h), Image.Resampling.BILINEAR, reducing_gap=3.0)
+    return (ImageOps.invert(out) if invert else out).tobytes()
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P", "I;16", "RGB", "1"])
+def test_a_large_image_reduced_as_decoded_reads_as_at_full_size(mode: str) -> None:
+    """Reduced strip by strip (alpha premultiplied) before any conversion, a 40× larger
+    image gives the model what converting it at full size gave, within rounding."""
+    big = Image.new("RGBA", (1120, 1130), (255, 255, 255, 0))  # white, but transparent
+    big.paste((0, 0, 0, 255), (400, 160, 720, 960))  # black ink
+    img = big.convert(mode) if mode not in ("I;16", "1") else big.convert("L").convert(mode)
+    for shape, invert in (((1, 28, 28), True), ((3, 32, 32), False)):
+        got = decode_image(encoded(img), shape, invert)
+        want = full_size_decode(Image.open(encoded(img)), shape, invert)
+        diff = [abs(a - b) for a, b in zip(got, want, strict=True)]
+        assert max(diff) <= 8, (mode, shape, max(diff))
+
+
+def test_decodes_past_the_budget_wait_then_are_refused() -> None:
+    budget = DecodeBudget(100, wait_s=0.01)
+    with budget.reserve(60):
+        with pytest.raises(DecodeBusy, match="max_decode_bytes"):
+            decode_image(encoded(Image.new("L", (300, 300))), (1, 28, 28), False, budget)
+        with budget.reserve(40):  # what is left is still lent
+            pass
+    with budget.reserve(100):  # and all of it once given back
+        pass
+
+
+def test_the_cost_reserved_is_the_decoded_pixels_and_a_few_strips() -> None:
+    with Image.open(encoded(Image.new("RGBA", (4096, 4096)))) as img:
+        assert decoded_bytes(img) == MAX_DECODED_BYTES
+        assert decode_cost(img, (28, 28)) < MAX_DECODED_BYTES + (4 << 20) * 146
+
+
+def test_text_chunks_of_a_png_to_predict_are_never_inflated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inflated: list[int] = []
+    real = PngImagePlugin._safe_zlib_decompress
+    monkeypatch.setattr(
+        PngImagePlugin, "_safe_zlib_decompress", lambda s: inflated.append(1) or real(s)
+    )
+    bomb = text_bomb_png(200)
+    assert decode_image(io.BytesIO(bomb), (1, 28, 28), invert=False) == bytes([200]) * 784
+    assert inflated == []
+
+
+def test_only_the_chunks_that_make_pixels_reach_the_decoder() -> None:
+    """A palette image with a transparent entry keeps its palette and transparency (PLTE,
+    tRNS); its text and colour profile are dropped unread; other files pass unchanged."""
+    img = Image.new("P", (28, 28), 0)
+    img.putpalette([0, 0, 0, 255, 255, 255])
+    img.paste(1, (10, 4, 18, 24))
+    info = PngImagePlugin.PngInfo()
+    info.add_text("comment", "x" * 1000, zip=True)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", transparency=0, pnginfo=info, icc_profile=b"\0" * 200)
+    kept = pixel_chunks(buf.getvalue())
+    with Image.open(io.BytesIO(kept)) as opened:
+        assert opened.mode == "P" and opened.info.get("transparency") == 0
+        assert "comment" not in opened.info and "icc_profile" not in opened.info
+        assert opened.tobytes() == img.tobytes()
+    for fmt in ("JPEG", "GIF"):
+        other = encoded(Image.new("RGB", (8, 8)), fmt).getvalue()
+        assert pixel_chunks(other) == other

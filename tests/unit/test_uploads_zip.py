@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import re
 import zipfile
 from pathlib import Path
 
 import pytest
+from PIL import Image, PngImagePlugin
 
-from core import datasets
+from core import datasets, uploads
 from core.errors import DatasetTooLarge, InvalidDataset
 from core.train.data import load_dataset
 from core.uploads import parse_upload
-from tests.uploads import image, place, zip_bytes
+from tests.uploads import image, place, text_bomb_png, zip_bytes
 
 
 def test_zip_of_class_folders(tmp_path: Path) -> None:
@@ -109,3 +111,36 @@ def test_a_folder_zip_of_tiny_files_with_many_pixels_is_refused() -> None:
     members = {f"{k}/{i}.png": blank for k in "ab" for i in range(16)}
     with pytest.raises(DatasetTooLarge, match=r"32 images of 1×256×256 pixels expands \d+ times"):
         parse_upload(zip_bytes(members))
+
+
+def test_the_pixels_every_image_decodes_into_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The set's size is read from its first image, but each image is decoded at its own
+    size: a small first image does not let the others decode into more than the bound."""
+    members = {"a/0.png": image("L", (8, 8), 0), "b/0.png": image("L", (8, 8), 255)}
+    large = image("RGBA", (256, 256), (9, 9, 9, 9))  # 256 KiB decoded
+    members.update({f"{k}/{i}.png": large for k in "ab" for i in range(1, 5)})
+    monkeypatch.setattr(uploads, "MAX_UNCOMPRESSED_BYTES", 1 << 20)
+    with pytest.raises(DatasetTooLarge, match="10 images decode into 2 MiB: at most"):
+        parse_upload(zip_bytes(members))
+
+
+def test_text_chunks_of_uploaded_pngs_are_never_inflated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 40-image upload of PNGs stuffed with compressed text is read without inflating one
+    text chunk: the decoder only sees the chunks that make pixels."""
+    inflated: list[int] = []
+    real = PngImagePlugin._safe_zlib_decompress
+
+    def counted(s: bytes) -> bytes:
+        out = real(s)
+        inflated.append(len(out))
+        return out
+
+    monkeypatch.setattr(PngImagePlugin, "_safe_zlib_decompress", counted)
+    bombs = {"a": text_bomb_png(50), "b": text_bomb_png(200)}
+    Image.open(io.BytesIO(bombs["a"]))
+    assert sum(inflated) >= 4 * ((1 << 20) - 1)  # what Pillow alone inflates for one file
+    inflated.clear()
+    members = {f"{k}/{i}.png": bombs[k] for k in ("a", "b") for i in range(20)}
+    parsed = parse_upload(zip_bytes(members))
+    assert parsed.image_shape == (1, 16, 16) and parsed.train_count + parsed.test_count == 40
+    assert inflated == []
