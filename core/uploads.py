@@ -48,9 +48,11 @@ from core.errors import DatasetTooLarge, InvalidDataset
 from core.images import GRAY_MODES, decoded_bytes, open_image, to_channels
 
 
-def parse_upload(data: bytes) -> ParsedDataset:
+def parse_upload(data: bytes, *, max_images: int = MAX_IMAGES) -> ParsedDataset:
     """Any of the three upload forms -> the canonical data set, or InvalidDataset /
-    DatasetTooLarge naming the problem."""
+    DatasetTooLarge naming the problem. Past `max_images` images (Settings.upload_max_images,
+    at most MAX_IMAGES) the upload is refused from its zip directory or its headers, before
+    any image is read: the images are what an upload's work grows with."""
     if len(data) > MAX_UPLOAD_BYTES:
         raise DatasetTooLarge(f"the upload is {len(data)} bytes: at most {MAX_UPLOAD_BYTES}")
     if not zipfile.is_zipfile(io.BytesIO(data)):
@@ -63,13 +65,13 @@ def parse_upload(data: bytes) -> ParsedDataset:
             members = checked_members(zf)
             names = {m.filename for m in members}
             if {f"{k}.npy" for k in NPZ_KEYS} & names:
-                x_train, y_train, x_test, y_test = _from_npz(zf, members)
+                x_train, y_train, x_test, y_test = _from_npz(zf, members, max_images)
                 classes = None
             elif any(_idx_key(m.filename) for m in members):
-                x_train, y_train, x_test, y_test = _from_idx(zf, members)
+                x_train, y_train, x_test, y_test = _from_idx(zf, members, max_images)
                 classes = None
             else:
-                x_train, y_train, x_test, y_test, classes = _from_folders(zf, members)
+                x_train, y_train, x_test, y_test, classes = _from_folders(zf, members, max_images)
     except InvalidDataset:
         raise
     except Exception as e:  # BadZipFile, unsupported compression, encrypted members, zlib...
@@ -77,10 +79,17 @@ def parse_upload(data: bytes) -> ParsedDataset:
     return canonical(x_train, y_train, x_test, y_test, classes)
 
 
+def check_image_count(count: int, max_images: int, where: str = "", what: str = "images") -> None:
+    if count > max_images:
+        raise DatasetTooLarge(f"{where}{count} {what}: at most {max_images} (upload_max_images)")
+
+
 # ---------------------------------------------------------------------------- .npz
 
 
-def _from_npz(zf: zipfile.ZipFile, members: list[zipfile.ZipInfo]) -> tuple[U8, I64, U8, I64]:
+def _from_npz(
+    zf: zipfile.ZipFile, members: list[zipfile.ZipInfo], max_images: int
+) -> tuple[U8, I64, U8, I64]:
     """The four arrays, checked from their .npy headers (dtypes, shapes, counts, and that
     each member holds exactly the bytes it declares) before any data is read: a small
     upload may declare gigabytes, and reading or widening them would cost that."""
@@ -91,10 +100,8 @@ def _from_npz(zf: zipfile.ZipFile, members: list[zipfile.ZipInfo]) -> tuple[U8, 
     infos = {k: by_name[f"{k}.npy"] for k in NPZ_KEYS}
     headers = {k: _npy_header(zf, info) for k, info in infos.items()}
     for k, header in headers.items():
-        (_check_images if k.startswith("x_") else _check_labels)(header, k)
-    count = headers["x_train"].shape[0] + headers["x_test"].shape[0]
-    if count > MAX_IMAGES:
-        raise DatasetTooLarge(f"{count} images: at most {MAX_IMAGES}")
+        (_check_images if k.startswith("x_") else _check_labels)(header, k, max_images)
+    check_image_count(headers["x_train"].shape[0] + headers["x_test"].shape[0], max_images)
     for k, info in infos.items():
         headers[k].check_size(info)
     arrays = {k: _read_npy(zf, info) for k, info in infos.items()}
@@ -149,7 +156,7 @@ def _read_npy(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray[Any, Any
         return np.lib.format.read_array(f, allow_pickle=False)
 
 
-def _check_images(header: _NpyHeader, key: str) -> None:
+def _check_images(header: _NpyHeader, key: str, max_images: int) -> None:
     """uint8 (N,H,W), (N,H,W,C) or (N,C,H,W) with C in {1, 3}, N and sides in bounds."""
     if header.dtype != np.uint8:
         raise InvalidDataset(f"{key}: images must be uint8 (0..255), not {header.dtype}")
@@ -159,8 +166,7 @@ def _check_images(header: _NpyHeader, key: str) -> None:
             f"{key}: shape {list(header.shape)}; images must be (N, H, W), (N, H, W, C) or "
             "(N, C, H, W) with C 1 or 3"
         )
-    if header.shape[0] > MAX_IMAGES:
-        raise DatasetTooLarge(f"{key}: {header.shape[0]} images: at most {MAX_IMAGES}")
+    check_image_count(header.shape[0], max_images, f"{key}: ")
     _, h, w = layout
     if not (MIN_SIDE <= h <= MAX_SIDE and MIN_SIDE <= w <= MAX_SIDE):
         raise InvalidDataset(
@@ -188,15 +194,14 @@ def _images(x: U8) -> U8:
     return np.ascontiguousarray(x)
 
 
-def _check_labels(header: _NpyHeader, key: str) -> None:
+def _check_labels(header: _NpyHeader, key: str, max_images: int) -> None:
     if header.dtype.kind not in "iu":
         raise InvalidDataset(f"{key}: labels must be integers, not {header.dtype}")
     if len(header.shape) != 1:
         raise InvalidDataset(
             f"{key}: shape {list(header.shape)}; labels must be one-dimensional (N,)"
         )
-    if header.shape[0] > MAX_IMAGES:
-        raise DatasetTooLarge(f"{key}: {header.shape[0]} labels: at most {MAX_IMAGES}")
+    check_image_count(header.shape[0], max_images, f"{key}: ", "labels")
 
 
 # ---------------------------------------------------------------------------- IDX
@@ -207,7 +212,9 @@ def _idx_key(filename: str) -> str | None:
     return IDX_NAMES.get(base)
 
 
-def _from_idx(zf: zipfile.ZipFile, members: list[zipfile.ZipInfo]) -> tuple[U8, I64, U8, I64]:
+def _from_idx(
+    zf: zipfile.ZipFile, members: list[zipfile.ZipInfo], max_images: int
+) -> tuple[U8, I64, U8, I64]:
     found: dict[str, zipfile.ZipInfo] = {}
     for m in members:
         key = _idx_key(m.filename)
@@ -220,11 +227,11 @@ def _from_idx(zf: zipfile.ZipFile, members: list[zipfile.ZipInfo]) -> tuple[U8, 
     if missing:
         raise InvalidDataset(f"the zip lacks the IDX files {', '.join(missing)} (.gz or not)")
     arrays: dict[str, np.ndarray[Any, Any]] = {}
-    budget = MAX_UNCOMPRESSED_BYTES
+    budget = _IdxBudget(MAX_UNCOMPRESSED_BYTES, max_images)
     for key, info in found.items():
         arrays[key] = _idx_member(zf, info, key, budget)
-        budget -= arrays[key].nbytes
-    # _check_idx_dims bounded the labels, one-dimensional, to MAX_IMAGES.
+        budget.spend(arrays[key], key)
+    # _check_idx_dims bounded the labels, one-dimensional, to max_images.
     return (
         np.ascontiguousarray(arrays["x_train"][:, None]),
         arrays["y_train"].astype(np.int64),
@@ -233,7 +240,22 @@ def _from_idx(zf: zipfile.ZipFile, members: list[zipfile.ZipInfo]) -> tuple[U8, 
     )
 
 
-def _idx_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, budget: int) -> U8:
+@dataclass
+class _IdxBudget:
+    """What the IDX files read so far leave to the next: the bytes left, and the images
+    read against max_images (the two image files together; each label file alone)."""
+
+    bytes: int
+    max_images: int
+    images: int = 0
+
+    def spend(self, array: U8, key: str) -> None:
+        self.bytes -= array.nbytes
+        if key.startswith("x_"):
+            self.images += len(array)
+
+
+def _idx_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, budget: _IdxBudget) -> U8:
     """One IDX member, gzipped or not, read as a stream: a gzip member is never inflated
     past what its header promises, and the promise is checked before any pixel is read."""
     gz = info.filename.endswith(".gz")
@@ -249,7 +271,9 @@ def _idx_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, budget: in
         raise InvalidDataset(f"{info.filename!r}: not a valid gzip file ({e})") from e
 
 
-def _read_idx(f: IO[bytes] | gzip.GzipFile, info: zipfile.ZipInfo, key: str, budget: int) -> U8:
+def _read_idx(
+    f: IO[bytes] | gzip.GzipFile, info: zipfile.ZipInfo, key: str, budget: _IdxBudget
+) -> U8:
     """IDX: magic (0, 0, 0x08 = ubyte, ndim), big-endian uint32 dims, the bytes. The dims
     are checked (shape, count, sides, the 1 GiB budget, the expansion ratio) before the
     bytes are read, and no more than they promise is ever read."""
@@ -262,9 +286,9 @@ def _read_idx(f: IO[bytes] | gzip.GzipFile, info: zipfile.ZipInfo, key: str, bud
     if len(header) < 4 * ndim:
         raise InvalidDataset(f"{name!r}: truncated IDX header")
     dims = struct.unpack(f">{ndim}I", header)
-    _check_idx_dims(dims, key, name)
+    _check_idx_dims(dims, key, name, budget)
     size = math.prod(dims)
-    if size > budget:
+    if size > budget.bytes:
         raise DatasetTooLarge(
             f"{name!r}: the IDX files hold over {MAX_UNCOMPRESSED_BYTES} bytes uncompressed (1 GiB)"
         )
@@ -278,7 +302,7 @@ def _read_idx(f: IO[bytes] | gzip.GzipFile, info: zipfile.ZipInfo, key: str, bud
     return np.frombuffer(raw, dtype=np.uint8).reshape(dims)
 
 
-def _check_idx_dims(dims: tuple[int, ...], key: str, name: str) -> None:
+def _check_idx_dims(dims: tuple[int, ...], key: str, name: str, budget: _IdxBudget) -> None:
     if key.startswith("y_"):
         if len(dims) != 1:
             raise InvalidDataset(f"{key}: labels must be one-dimensional (N,), not {list(dims)}")
@@ -288,22 +312,25 @@ def _check_idx_dims(dims: tuple[int, ...], key: str, name: str) -> None:
         raise InvalidDataset(
             f"{name!r}: images are {dims[1]}×{dims[2]}: each side must be {MIN_SIDE} to {MAX_SIDE}"
         )
-    if dims[0] > MAX_IMAGES:
-        raise DatasetTooLarge(f"{name!r}: {dims[0]} images: at most {MAX_IMAGES}")
+    if key.startswith("y_"):
+        check_image_count(dims[0], budget.max_images, f"{name!r}: ", "labels")
+    else:  # the two image files together
+        check_image_count(
+            budget.images + dims[0], budget.max_images, f"{name!r} brings the count to "
+        )
 
 
 # ---------------------------------------------------------------------------- folders
 
 
 def _from_folders(
-    zf: zipfile.ZipFile, members: list[zipfile.ZipInfo]
+    zf: zipfile.ZipFile, members: list[zipfile.ZipInfo], max_images: int
 ) -> tuple[U8, I64, U8, I64, tuple[str, ...]]:
     by_class = _class_members(members)
     classes = tuple(sorted(by_class))
     check_classes(len(classes))
     count = sum(len(v) for v in by_class.values())
-    if count > MAX_IMAGES:
-        raise DatasetTooLarge(f"{count} images: at most {MAX_IMAGES}")
+    check_image_count(count, max_images)
     ordered = [(k, m) for k, name in enumerate(classes)
                for m in sorted(by_class[name], key=lambda i: i.filename)]  # fmt: skip
     size, c = _folder_layout(zf, ordered)

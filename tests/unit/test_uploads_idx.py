@@ -79,7 +79,12 @@ def test_a_gzipped_idx_is_never_inflated_past_its_header(data_dir: Path) -> None
 @pytest.mark.parametrize(
     ("name", "dims", "error", "match"),
     [
-        ("train-images-idx3-ubyte.gz", (200_001, 28, 28), DatasetTooLarge, "200001 images"),
+        (
+            "train-images-idx3-ubyte.gz",
+            (200_001, 28, 28),
+            DatasetTooLarge,
+            "images: at most 200000",
+        ),
         ("train-images-idx3-ubyte.gz", (10, 28, 300), InvalidDataset, "28×300: each side"),
         ("train-images-idx3-ubyte.gz", (10, 784), InvalidDataset, "must be .N, H, W."),
         ("train-labels-idx1-ubyte.gz", (10, 2), InvalidDataset, "one-dimensional"),
@@ -93,3 +98,15 @@ def test_idx_headers_are_checked_before_the_data_is_read(
     blob = gzip.compress(idx_header(*dims)) if name.endswith(".gz") else idx_header(*dims)
     with pytest.raises(error, match=match):
         parse_upload(idx_zip(data_dir, **{name: blob}))
+
+
+def test_too_many_images_is_refused_from_the_headers(data_dir: Path) -> None:
+    """4,000 train and 1,000 test images: each file alone, then the two together, past the
+    bound; labels are bounded alike. Refused before the pixels are read."""
+    raw = data_dir / "mnist-sample" / "MNIST" / "raw"
+    members = {f: (raw / f).read_bytes() for f in IDX_FILES}
+    with pytest.raises(DatasetTooLarge, match=r"brings the count to 4000 images: at most 3999 "):
+        parse_upload(zip_bytes(members), max_images=3999)
+    with pytest.raises(DatasetTooLarge, match=r"brings the count to 5000 images: at most 4999 "):
+        parse_upload(zip_bytes(members), max_images=4999)
+    assert parse_upload(zip_bytes(members), max_images=5000).train_count == 4000

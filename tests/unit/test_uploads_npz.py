@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from core import uploads
 from core.errors import DatasetTooLarge, InvalidDataset
 from core.train.data import load_dataset
 from core.uploads import parse_upload
@@ -94,11 +93,14 @@ def test_bad_shapes_are_refused() -> None:
             parse_upload(npz_bytes(x_train=x_train, y_train=y, x_test=x_test, y_test=y))
 
 
-def test_too_many_images_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(uploads, "MAX_IMAGES", 5)
-    x, y = np.zeros((4, 8, 8), np.uint8), np.arange(4) % 2
-    with pytest.raises(DatasetTooLarge, match="8 images: at most 5"):
-        parse_upload(npz_bytes(x_train=x, y_train=y, x_test=x, y_test=y))
+def test_too_many_images_is_refused() -> None:
+    x = np.random.default_rng(0).integers(0, 256, (4, 8, 8), dtype=np.uint8)
+    y = np.arange(4) % 2
+    with pytest.raises(DatasetTooLarge, match=r"^8 images: at most 5 \(upload_max_images\)$"):
+        parse_upload(npz_bytes(x_train=x, y_train=y, x_test=x, y_test=y), max_images=5)
+    with pytest.raises(DatasetTooLarge, match=r"^x_train: 4 images: at most 3 "):
+        parse_upload(npz_bytes(x_train=x, y_train=y, x_test=x, y_test=y), max_images=3)
+    assert parse_upload(npz_bytes(x_train=x, y_train=y, x_test=x, y_test=y), max_images=8)
 
 
 def npy_declaring(shape: tuple[int, ...], dtype: str, data: bytes = b"") -> bytes:

@@ -144,3 +144,13 @@ def test_text_chunks_of_uploaded_pngs_are_never_inflated(monkeypatch: pytest.Mon
     parsed = parse_upload(zip_bytes(members))
     assert parsed.image_shape == (1, 16, 16) and parsed.train_count + parsed.test_count == 40
     assert inflated == []
+
+
+def test_too_many_images_is_refused_before_any_is_decoded() -> None:
+    """Counted from the zip's directory: none of these is an image, and decoding one would
+    answer InvalidDataset."""
+    members = {f"{'ab'[i % 2]}/{i}.png": b"not a png" for i in range(6)}
+    with pytest.raises(DatasetTooLarge, match=r"^6 images: at most 5 \(upload_max_images\)$"):
+        parse_upload(zip_bytes(members), max_images=5)
+    with pytest.raises(InvalidDataset, match="not a PNG or JPEG"):
+        parse_upload(zip_bytes(members), max_images=6)
