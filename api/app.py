@@ -10,7 +10,7 @@ from fastapi import Depends, FastAPI
 
 from api import errors, observability
 from api.auth import KeyRing, RequireKey
-from api.downloads import DownloadSlots
+from api.downloads import download_slots
 from api.events import IDLE_BLOCK_MS, EventHub
 from api.routes import datasets, docs, health, jobs, predict, quotas, sweeps, web
 from api.submissions import Submitter
@@ -36,7 +36,8 @@ def lifespan(settings: Settings, redis_url: str) -> Lifespan:
         app.state.aredis = connect_async(redis_url, longest_block_s=IDLE_BLOCK_MS / 1000)
         app.state.submitter = Submitter(app.state.db, redis_url, settings)
         app.state.events = EventHub(app.state.db, app.state.aredis, settings)
-        app.state.downloads = DownloadSlots(settings)
+        app.state.downloads = download_slots(settings)
+        app.state.uploads = datasets.upload_slots(settings)
         app.state.decode_budget = DecodeBudget(settings.max_decode_bytes)
         give_back_large_buffers()
         app.state.sweep_reports = sweeps.SweepReports(app.state.db)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-from collections import Counter
 
 from fastapi import HTTPException
 from starlette.concurrency import run_in_threadpool
@@ -17,48 +15,20 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from api.errors import RETRY_AFTER_S
+from api.slots import KeySlots, SlotLimit
 from core.config import Settings
 from core.db import Database
-from core.errors import QuotaExceeded
 from core.store.model_blob import ModelCopy, copy_model
 
 log = logging.getLogger("trainq.api")
 
 
-class DownloadSlots:
-    """The downloads open in this process, per owner and in all (routes run in threads)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.max_per_key = settings.download_max_per_key
-        self.max_per_process = settings.download_max_per_process
-        self.open: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def take(self, owner: str) -> None:
-        """Count one more download of `owner`'s, or raise QuotaExceeded (429)."""
-        with self._lock:
-            if self.open.total() >= self.max_per_process:
-                raise _refusal("download_max_per_process", self.max_per_process, owner)
-            if self.open[owner] >= self.max_per_key:
-                raise _refusal("download_max_per_key", self.max_per_key, owner)
-            self.open[owner] += 1
-
-    def release(self, owner: str) -> None:
-        with self._lock:
-            self.open[owner] -= 1
-            if self.open[owner] <= 0:
-                del self.open[owner]
-
-
-def _refusal(limit: str, allowed: int, owner: str) -> QuotaExceeded:
-    return QuotaExceeded(
-        f"{allowed} model downloads are open already, the most {limit} allows: retry when "
-        "one has ended",
-        limit=limit,
-        value=allowed,
-        usage=allowed,
-        owner=owner,
-        retry_after_s=int(RETRY_AFTER_S),
+def download_slots(settings: Settings) -> KeySlots:
+    """The downloads open in this process, per owner and in all."""
+    return KeySlots(
+        "model downloads open",
+        per_key=SlotLimit("download_max_per_key", settings.download_max_per_key),
+        per_process=SlotLimit("download_max_per_process", settings.download_max_per_process),
     )
 
 
@@ -87,7 +57,7 @@ class DownloadResponse(Response):
 
     def __init__(
         self,
-        slots: DownloadSlots,
+        slots: KeySlots,
         owner: str,
         model: ModelCopy,
         headers: dict[str, str],

@@ -84,6 +84,21 @@ class Settings(BaseSettings):
         description="POST /datasets parsed at once per API process (each may hold a few "
         "times its decompressed size in memory); more answer 429 with Retry-After.",
     )
+    upload_max_per_key: int = Field(
+        1,
+        ge=1,
+        description="POST /datasets one key may have parsed at once in one API process; more "
+        "answer 429 with Retry-After. Kept below max_parallel_uploads, a key holding its "
+        "share leaves the other slots to other keys.",
+    )
+    upload_max_images: int = Field(
+        100_000,
+        ge=2,
+        le=200_000,  # core.datasets.MAX_IMAGES, not imported: the light client has no numpy
+        description="Images (train and test together) one data set upload may hold; an "
+        "upload declaring more is refused with 413 from its zip directory or headers, before "
+        "any image is read (the work of checking an upload grows with its images).",
+    )
     max_decode_bytes: int = Field(
         256 << 20,
         ge=128 << 20,

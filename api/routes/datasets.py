@@ -7,21 +7,20 @@ see all."""
 
 from __future__ import annotations
 
-import threading
 import uuid
-from functools import cache
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Form, HTTPException, Response, UploadFile
+from fastapi import APIRouter, File, Form, HTTPException, Request, Response, UploadFile
 
 from api.access import visible_dataset
 from api.body import BODY_SLACK, refuse_large_file
 from api.deps import CallerDep, ReaderDep, SessionDep, SettingsDep
-from api.errors import RETRY_AFTER_S
 from api.schemas import DatasetOut, Problem, QuotaProblem
+from api.slots import KeySlots, SlotLimit
+from core.config import Settings
 from core.datasets import MAX_UPLOAD_BYTES, ParsedDataset
 from core.db import UserDataset, as_utc
-from core.errors import DatasetInUse, DatasetTooLarge, InvalidDataset, QuotaExceeded
+from core.errors import DatasetInUse, DatasetTooLarge, InvalidDataset
 from core.quotas import check_dataset_room, lock_owner
 from core.spec import USER_DATASET_PREFIX
 from core.store import create_dataset, list_datasets
@@ -37,12 +36,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 DatasetId = Annotated[uuid.UUID, "a data set id"]
 
 
-@cache
-def upload_slots(limit: int) -> threading.BoundedSemaphore:
-    """The uploads this process parses at once (Settings.max_parallel_uploads): each may
-    hold a few times its decompressed size in memory, so their number is what bounds the
-    memory uploads can take."""
-    return threading.BoundedSemaphore(limit)
+def upload_slots(settings: Settings) -> KeySlots:
+    """The uploads this process parses at once, per key (upload_max_per_key) and in all
+    (max_parallel_uploads): each may hold a few times its decompressed size in memory, so
+    their number bounds the memory uploads can take; a key's share, below the process's
+    limit, leaves the other slots to other keys however long its own uploads take."""
+    return KeySlots(
+        "uploads being checked",
+        per_key=SlotLimit("upload_max_per_key", settings.upload_max_per_key),
+        per_process=SlotLimit("max_parallel_uploads", settings.max_parallel_uploads),
+    )
 
 
 def dataset_out(ds: UserDataset) -> DatasetOut:
@@ -74,23 +77,27 @@ def dataset_out(ds: UserDataset) -> DatasetOut:
         429: {
             "model": QuotaProblem,
             "description": "Past max_dataset_bytes, or too many uploads at once on this API "
-            "process (max_parallel_uploads, with Retry-After).",
+            "process (upload_max_per_key for one key, max_parallel_uploads for all, with "
+            "Retry-After).",
         },
     },
     summary="Upload a data set",
     description="Multipart: `file` (an .npz with uint8 `x_train`, `x_test` images "
     "(N,H,W), (N,H,W,C) or (N,C,H,W), C 1 or 3, and integer `y_train`, `y_test` labels; or a "
     "zip of `<class_name>/<image>.png|jpg` folders, split 80/20 per class; or a zip of the four "
-    "MNIST IDX files, .gz or not) and `name`. At most 200 MiB, 200,000 images of at most "
+    "MNIST IDX files, .gz or not) and `name`. At most 200 MiB, `upload_max_images` images "
+    "(100,000 unless configured; more are refused with 413 before any is read) of at most "
     "256×256, 2 to 1,000 classes, 1 GiB of pixels, nothing expanding over 100 times; refused "
     "when nothing can be learnt from it (one value everywhere, one image, one class). Past "
-    "the uploads parsed at once, 429 with Retry-After; past the key's bytes of data sets "
+    "the uploads parsed at once (one key's share, `upload_max_per_key`, or the process's, "
+    "`max_parallel_uploads`), 429 with Retry-After; past the key's bytes of data sets "
     "(`max_dataset_bytes`, counted as stored: the canonical .npz), 429. Train on it with "
     '`"dataset": "ds:<id>"`.',
 )
 def upload_dataset(
     file: Annotated[UploadFile, File(description="The .npz or .zip.")],
     name: Annotated[str, Form(min_length=1, max_length=200, pattern=PLAIN_PATTERN)],
+    request: Request,
     response: Response,
     session: SessionDep,
     caller: CallerDep,
@@ -106,21 +113,9 @@ def upload_dataset(
         # only after the parse.
         check_dataset_room(session, settings, limited, 1)
         session.rollback()  # no transaction (SQLite: no write lock) held through the parse
-    slots = upload_slots(settings.max_parallel_uploads)
-    if not slots.acquire(blocking=False):
-        raise QuotaExceeded(
-            f"{settings.max_parallel_uploads} uploads are being checked already by this API "
-            "process (max_parallel_uploads): retry shortly",
-            limit="max_parallel_uploads",
-            value=settings.max_parallel_uploads,
-            usage=settings.max_parallel_uploads,
-            owner=caller.owner,
-            retry_after_s=int(RETRY_AFTER_S),
-        )
-    try:
-        parsed = _parse(file)
-    finally:
-        slots.release()
+    slots: KeySlots = request.app.state.uploads
+    with slots.held(caller.owner):  # 429 past the key's share or the process's limit
+        parsed = _parse(file, settings.upload_max_images)
     if limited is not None:  # again, on the stored size, under the owner's lock
         lock_owner(session, limited)
         check_dataset_room(session, settings, limited, len(parsed.npz))
@@ -132,9 +127,9 @@ def upload_dataset(
     return dataset_out(ds)
 
 
-def _parse(file: UploadFile) -> ParsedDataset:
+def _parse(file: UploadFile, max_images: int) -> ParsedDataset:
     try:
-        return parse_upload(file.file.read(MAX_UPLOAD_BYTES + 1))
+        return parse_upload(file.file.read(MAX_UPLOAD_BYTES + 1), max_images=max_images)
     except DatasetTooLarge as e:
         raise HTTPException(413, detail=e.message) from e
     except InvalidDataset as e:

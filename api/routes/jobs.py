@@ -19,7 +19,7 @@ from api.auth import Caller
 from api.cancels import announce_cancel
 from api.cursors import decode_cursor, encode_cursor
 from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, read
-from api.downloads import DownloadResponse, DownloadSlots, staged_model
+from api.downloads import DownloadResponse, staged_model
 from api.errors import RETRY_AFTER_S
 from api.events import EventStreamResponse, follow_events
 from api.formats import (
@@ -40,6 +40,7 @@ from api.schemas import (
     Problem,
     QuotaProblem,
 )
+from api.slots import KeySlots
 from api.submissions import OutcomeUnknown, Submitter
 from core.config import Settings
 from core.db import Job, as_utc
@@ -428,7 +429,7 @@ def get_model(
         return Response(headers=headers, media_type=MEDIA_TYPES[format])
     session.close()  # the copy reads from a snapshot of its own
     settings: Settings = request.app.state.settings
-    slots: DownloadSlots = request.app.state.downloads
+    slots: KeySlots = request.app.state.downloads
     slots.take(caller.owner)  # 429 past the downloads a key or this process may hold open
     try:
         model = staged_model(request.app.state.db, settings, job_id=job.id, format=format)

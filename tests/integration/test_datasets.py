@@ -254,9 +254,10 @@ def test_a_3x64x64_model_takes_256_json_images_and_downloads_with_check(
 
 def idx_gzip_bomb(data_dir: Path) -> bytes:
     """The four real mnist-sample IDX files, zipped, but for train-images.gz: an honest
-    header (170,000 digits of 28×28, 133 MB) over zeros, ~130 KiB of gzip."""
+    header (90,000 digits of 28×28, 71 MB: within upload_max_images) over zeros, ~70 KiB
+    of gzip."""
     raw = data_dir / "mnist-sample" / "MNIST" / "raw"
-    n = 170_000
+    n = 90_000
     header = bytes([0, 0, 0x08, 3]) + struct.pack(">3I", n, 28, 28)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -310,7 +311,7 @@ def test_an_npz_declaring_huge_arrays_is_refused_from_its_headers(service: Servi
         assert len(blob) < 1 << 20
         r, growth = peak_growth_mib(service.api.pid, lambda blob=blob: upload(service, blob))
         assert r.status_code == 413, r.text
-        assert r.json()["detail"] == f"y_train: {n} labels: at most 200000"
+        assert r.json()["detail"] == f"y_train: {n} labels: at most 100000 (upload_max_images)"
         assert growth < 48, f"a {len(blob)}-byte upload raised the API's peak RSS by {growth} MiB"
 
 
