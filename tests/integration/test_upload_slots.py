@@ -108,6 +108,7 @@ def folders_zip(n: int) -> bytes:
     return buf.getvalue()
 
 
+@pytest.mark.slow  # an API of its own; the bound itself: tests/unit/test_uploads_*.py
 def test_an_upload_past_upload_max_images_is_413_before_decoding(tmp_path: Path) -> None:
     with api(tmp_path, {"TRAINQ_UPLOAD_MAX_IMAGES": "50"}) as service:
         alice = service.keys[0]
