@@ -12,6 +12,8 @@ from PIL import Image, ImageOps, PngImagePlugin
 
 from core.images import (
     MAX_DECODED_BYTES,
+    MAX_JPEG_SCANS,
+    MAX_PNG_CHUNKS,
     DecodeBudget,
     DecodeBusy,
     ImageRejected,
@@ -21,7 +23,7 @@ from core.images import (
     pixel_chunks,
     to_channels,
 )
-from tests.uploads import text_bomb_png
+from tests.uploads import many_chunks_png, many_scans_jpeg, text_bomb_png
 
 
 def encoded(img: Image.Image, fmt: str = "PNG") -> io.BytesIO:
@@ -142,3 +144,26 @@ def test_only_the_chunks_that_make_pixels_reach_the_decoder() -> None:
     for fmt in ("JPEG", "GIF"):
         other = encoded(Image.new("RGB", (8, 8)), fmt).getvalue()
         assert pixel_chunks(other) == other
+
+
+def test_a_jpeg_of_more_scans_than_the_bound_is_refused_before_decoding() -> None:
+    """libjpeg reads every scan over the whole image: the scans are counted first, walking
+    the file's segments as libjpeg does (entropy-coded data, fill bytes and stray bytes
+    between segments skipped), and a file of too many is refused unread."""
+    shape = (3, 32, 32)
+    assert len(decode_image(io.BytesIO(many_scans_jpeg(MAX_JPEG_SCANS)), shape, False)) == 3072
+    for junk in (b"", b"\xff\xff", b"\x00\x01\xfe"):
+        bomb = many_scans_jpeg(MAX_JPEG_SCANS + 1, junk)
+        with pytest.raises(ImageRejected, match=f"over {MAX_JPEG_SCANS} scans: at most"):
+            decode_image(io.BytesIO(bomb), shape, False)
+
+
+def test_a_png_of_more_chunks_than_the_bound_is_refused() -> None:
+    """Pillow reads a PNG chunk by chunk in Python: tens of thousands of empty chunks cost
+    seconds a file. Every chunk counts, the pixels' and the skipped ones alike."""
+    ok = many_chunks_png(MAX_PNG_CHUNKS)
+    assert decode_image(io.BytesIO(ok), (1, 28, 28), invert=False) == bytes([7]) * 784
+    for kind in (b"IDAT", b"tEXt"):
+        bomb = many_chunks_png(MAX_PNG_CHUNKS + 1, kind)
+        with pytest.raises(ImageRejected, match=f"over {MAX_PNG_CHUNKS} chunks"):
+            decode_image(io.BytesIO(bomb), (1, 28, 28), invert=False)
