@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import IO
 
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, JpegImagePlugin
 
 MAX_SIDE = 4096  # pixels, either side of an image sent for prediction, checked before decoding
 # One image's pixels as Pillow holds them once decoded (4 bytes a pixel for RGB and RGBA),
@@ -182,11 +182,16 @@ def decode_image(
             if width > MAX_SIDE or height > MAX_SIDE or width < 1 or height < 1:
                 raise ImageRejected(f"is {width}×{height} pixels: at most {MAX_SIDE}×{MAX_SIDE}")
             img.draft("L" if c == 1 else "RGB", (w, h))  # JPEG: decode at a reduced scale
-            decoded = decoded_bytes(img)
-            if decoded > MAX_DECODED_BYTES:
+            decoded, coefficients = decoded_bytes(img), coefficient_bytes(img)
+            if decoded + coefficients > MAX_DECODED_BYTES:
+                what = f"{decoded >> 20} MiB decoded" + (
+                    f" and {coefficients >> 20} MiB of coefficients (a progressive JPEG)"
+                    if coefficients
+                    else ""
+                )
                 raise ImageRejected(
-                    f"is {width}×{height} {img.mode} pixels, {decoded >> 20} MiB decoded: at "
-                    f"most {MAX_DECODED_BYTES >> 20} MiB (send it smaller: the model takes {w}×{h})"
+                    f"is {width}×{height} {img.mode} pixels, {what}: at most "
+                    f"{MAX_DECODED_BYTES >> 20} MiB (send it smaller: the model takes {w}×{h})"
                 )
             held: AbstractContextManager[None] = (
                 nullcontext() if budget is None else budget.reserve(decode_cost(img, (w, h)))
@@ -221,7 +226,10 @@ def open_image(data: bytes) -> Image.Image:
             f"has over {MAX_JPEG_SCANS} scans: at most {MAX_JPEG_SCANS} (save it again, "
             "as a baseline JPEG or a PNG)"
         )
-    return Image.open(io.BytesIO(pixel_chunks(data)), formats=("PNG", "JPEG"))
+    img = Image.open(io.BytesIO(pixel_chunks(data)), formats=("PNG", "JPEG"))
+    if isinstance(img, JpegImagePlugin.JpegImageFile):
+        img.info["scans"] = scans  # for coefficient_bytes
+    return img
 
 
 def decoded_bytes(img: Image.Image) -> int:
@@ -239,12 +247,34 @@ def _factor(img: Image.Image, size: tuple[int, int]) -> int:
 
 
 def decode_cost(img: Image.Image, size: tuple[int, int]) -> int:
-    """The most memory decoding and reducing `img` holds at once: its decoded pixels and
-    either a few strips (reduced) or the full-size copies to_channels makes (not reduced)."""
-    decoded = decoded_bytes(img)
+    """The most memory decoding and reducing `img` holds at once: its decoded pixels, a
+    JPEG's coefficients (coefficient_bytes), and either a few strips (reduced) or the
+    full-size copies to_channels makes (not reduced)."""
+    decoded = decoded_bytes(img) + coefficient_bytes(img)
     if _factor(img, size) == 1:
         return decoded + 4 * 4 * img.width * img.height
     return decoded + 3 * 4 * img.width * STRIP_ROWS * _factor(img, size)
+
+
+def coefficient_bytes(img: Image.Image) -> int:
+    """What libjpeg holds beside the pixels while it decodes a JPEG of several scans
+    (progressive, or a scan a component): every component's DCT coefficients for the whole
+    image, 64 of 2 bytes a block, at the full size whatever scale draft() chose. 0 for any
+    other image: a baseline JPEG is decoded a row of blocks at a time."""
+    if not isinstance(img, JpegImagePlugin.JpegImageFile) or not img.layer:
+        return 0
+    if not img.info.get("progressive") and img.info.get("scans", 1) <= 1:
+        return 0
+    scale = img.decoderconfig[0] if img.decoderconfig else 1  # set by draft()
+    width, height = img.width * scale, img.height * scale  # the full size, rounded up
+    h_max = max(h for _, h, _, _ in img.layer)
+    v_max = max(v for _, _, v, _ in img.layer)
+    blocks = 0
+    for _, h, v, _ in img.layer:  # each padded to whole MCUs, as libjpeg allocates them
+        cols = -(-width * h // (8 * h_max))
+        rows = -(-height * v // (8 * v_max))
+        blocks += (-(-cols // h) * h) * (-(-rows // v) * v)
+    return blocks * 64 * 2
 
 
 Box = tuple[float, float, float, float]

@@ -158,6 +158,40 @@ def test_a_jpeg_of_more_scans_than_the_bound_is_refused_before_decoding() -> Non
             decode_image(io.BytesIO(bomb), shape, False)
 
 
+def progressive_jpeg(side: int, subsampling: int) -> io.BytesIO:
+    img = Image.new("RGB", (side, side), (30, 60, 90))
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", progressive=True, subsampling=subsampling, quality=50)
+    buf.seek(0)
+    return buf
+
+
+def test_a_progressive_jpeg_costs_its_full_size_coefficients_whatever_its_draft() -> None:
+    """libjpeg holds a progressive JPEG's DCT coefficients for the whole image (2 bytes each,
+    64 a block, every component at its own sampling) however small the scale it outputs."""
+    side = 2048
+    with Image.open(progressive_jpeg(side, subsampling=0)) as img:  # 4:4:4
+        img.draft("RGB", (28, 28))
+        assert img.size == (side // 8, side // 8)
+        assert decode_cost(img, (28, 28)) >= side * side * 3 * 2
+    with Image.open(progressive_jpeg(side, subsampling=2)) as img:  # 4:2:0
+        img.draft("RGB", (28, 28))
+        assert decode_cost(img, (28, 28)) >= side * side * 3 // 2 * 2
+    with Image.open(encoded(Image.new("RGB", (side, side)), "JPEG")) as img:  # baseline
+        img.draft("RGB", (28, 28))
+        assert decode_cost(img, (28, 28)) < side * side
+
+
+def test_a_progressive_jpeg_past_the_per_image_bound_is_refused_from_its_header() -> None:
+    big = progressive_jpeg(4096, subsampling=0)  # 96 MiB of coefficients
+    header = io.BytesIO(big.getvalue()[:2000])  # its frame header, and hardly any data
+    for data in (big, header):
+        with pytest.raises(ImageRejected, match="coefficients"):
+            decode_image(data, (3, 32, 32), invert=False)
+    # 4:2:0 holds half as many, within the bound.
+    assert len(decode_image(progressive_jpeg(4096, 2), (3, 32, 32), invert=False)) == 3072
+
+
 def test_a_png_of_more_chunks_than_the_bound_is_refused() -> None:
     """Pillow reads a PNG chunk by chunk in Python: tens of thousands of empty chunks cost
     seconds a file. Every chunk counts, the pixels' and the skipped ones alike."""
