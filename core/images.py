@@ -6,13 +6,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import io
+import re
 import struct
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import IO
 
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, JpegImagePlugin
 
 MAX_SIDE = 4096  # pixels, either side of an image sent for prediction, checked before decoding
 # One image's pixels as Pillow holds them once decoded (4 bytes a pixel for RGB and RGBA),
@@ -22,6 +23,13 @@ MAX_DECODED_BYTES = 64 << 20
 # many, so an image within MAX_SIDE never warns and any image it would refuse, ours does.
 Image.MAX_IMAGE_PIXELS = 2 * MAX_SIDE * MAX_SIDE
 MAX_ENCODED_BYTES = 16 << 20  # a PNG or JPEG file; the API's own limits are tighter
+# libjpeg reads every scan of a JPEG over the whole image, whatever the scale it outputs:
+# a progressive file from libjpeg has about 10, and one scan repeated thousands of times
+# costs seconds of CPU each thousand. Counted before decoding.
+MAX_JPEG_SCANS = 64
+# Pillow reads a PNG chunk by chunk in Python: a file of many tiny chunks costs 30 times
+# what its pixels do. 16 MiB of libpng's 8 KiB IDATs are 2048 chunks.
+MAX_PNG_CHUNKS = 4096
 STRIP_ROWS = 64  # rows converted at once while an image is reduced
 REDUCING_GAP = 3  # a reduced image stays this many times the model's size
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -52,14 +60,21 @@ PNG_PIXEL_CHUNKS = frozenset({b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND"})
 
 def pixel_chunks(data: bytes) -> bytes:
     """A PNG with only the chunks its pixels need (PNG_PIXEL_CHUNKS), before Pillow reads
-    any of it: its text, colour profile and other chunks are skipped unread. Any other
-    file comes back unchanged; a truncated PNG stays truncated, for the decoder to refuse."""
+    any of it: its text, colour profile and other chunks are skipped unread, and a file of
+    over MAX_PNG_CHUNKS chunks of any kind is refused (ImageRejected). Any other file comes
+    back unchanged; a truncated PNG stays truncated, for the decoder to refuse."""
     if not data.startswith(PNG_SIGNATURE):
         return data
     view = memoryview(data)
     kept = [view[: len(PNG_SIGNATURE)]]
-    at = len(PNG_SIGNATURE)
+    at, chunks = len(PNG_SIGNATURE), 0
     while at < len(data):
+        chunks += 1
+        if chunks > MAX_PNG_CHUNKS:
+            raise ImageRejected(
+                f"has over {MAX_PNG_CHUNKS} chunks: at most {MAX_PNG_CHUNKS} (save it again: "
+                "an encoder writes its pixels in a few large chunks)"
+            )
         length, kind = struct.unpack_from(">I4s", data, at) if at + 8 <= len(data) else (0, b"")
         end = at + 12 + length  # length, type, data, CRC
         if kind in PNG_PIXEL_CHUNKS or not kind:
@@ -68,6 +83,29 @@ def pixel_chunks(data: bytes) -> bytes:
             break
         at = end
     return b"".join(kept)
+
+
+JPEG_SOI = b"\xff\xd8"
+# What libjpeg takes for a marker: 0xFF, then neither 0x00 (an 0xFF of entropy-coded data),
+# 0xFF (fill) nor a restart marker (RST0-7, which sit inside a scan's data).
+_JPEG_MARKER = re.compile(rb"\xff[^\x00\xff\xd0-\xd7]")
+_JPEG_NO_LENGTH = frozenset({0x01, 0xD8})  # TEM, SOI
+_JPEG_EOI, _JPEG_SOS = 0xD9, 0xDA
+
+
+def jpeg_scans(data: bytes) -> int:
+    """The scans (SOS segments) of a JPEG, up to MAX_JPEG_SCANS + 1, counted as libjpeg
+    finds its markers: each segment's length is skipped, then everything up to the next
+    marker, so entropy-coded data and stray bytes between segments hide no scan."""
+    scans, at = 0, len(JPEG_SOI)
+    while scans <= MAX_JPEG_SCANS and (found := _JPEG_MARKER.search(data, at)):
+        marker, at = data[found.start() + 1], found.end()
+        if marker == _JPEG_EOI or at + 2 > len(data):
+            break
+        if marker not in _JPEG_NO_LENGTH:
+            scans += marker == _JPEG_SOS
+            at += max(2, int.from_bytes(data[at : at + 2], "big"))  # libjpeg refuses < 2
+    return scans
 
 
 class ImageRejected(ValueError):
@@ -144,11 +182,16 @@ def decode_image(
             if width > MAX_SIDE or height > MAX_SIDE or width < 1 or height < 1:
                 raise ImageRejected(f"is {width}×{height} pixels: at most {MAX_SIDE}×{MAX_SIDE}")
             img.draft("L" if c == 1 else "RGB", (w, h))  # JPEG: decode at a reduced scale
-            decoded = decoded_bytes(img)
-            if decoded > MAX_DECODED_BYTES:
+            decoded, coefficients = decoded_bytes(img), coefficient_bytes(img)
+            if decoded + coefficients > MAX_DECODED_BYTES:
+                what = f"{decoded >> 20} MiB decoded" + (
+                    f" and {coefficients >> 20} MiB of coefficients (a progressive JPEG)"
+                    if coefficients
+                    else ""
+                )
                 raise ImageRejected(
-                    f"is {width}×{height} {img.mode} pixels, {decoded >> 20} MiB decoded: at "
-                    f"most {MAX_DECODED_BYTES >> 20} MiB (send it smaller: the model takes {w}×{h})"
+                    f"is {width}×{height} {img.mode} pixels, {what}: at most "
+                    f"{MAX_DECODED_BYTES >> 20} MiB (send it smaller: the model takes {w}×{h})"
                 )
             held: AbstractContextManager[None] = (
                 nullcontext() if budget is None else budget.reserve(decode_cost(img, (w, h)))
@@ -173,10 +216,20 @@ def decode_image(
 
 def open_image(data: bytes) -> Image.Image:
     """A PNG or JPEG opened (its header read, nothing decoded), a PNG with only the chunks
-    its pixels need."""
+    its pixels need; a JPEG of over MAX_JPEG_SCANS scans or a PNG of over MAX_PNG_CHUNKS
+    chunks is refused (ImageRejected) before Pillow reads any of it."""
     if len(data) > MAX_ENCODED_BYTES:
         raise ImageRejected(f"is over {MAX_ENCODED_BYTES >> 20} MiB")
-    return Image.open(io.BytesIO(pixel_chunks(data)), formats=("PNG", "JPEG"))
+    scans = jpeg_scans(data) if data.startswith(JPEG_SOI) else 0
+    if scans > MAX_JPEG_SCANS:
+        raise ImageRejected(
+            f"has over {MAX_JPEG_SCANS} scans: at most {MAX_JPEG_SCANS} (save it again, "
+            "as a baseline JPEG or a PNG)"
+        )
+    img = Image.open(io.BytesIO(pixel_chunks(data)), formats=("PNG", "JPEG"))
+    if isinstance(img, JpegImagePlugin.JpegImageFile):
+        img.info["scans"] = scans  # for coefficient_bytes
+    return img
 
 
 def decoded_bytes(img: Image.Image) -> int:
@@ -194,12 +247,34 @@ def _factor(img: Image.Image, size: tuple[int, int]) -> int:
 
 
 def decode_cost(img: Image.Image, size: tuple[int, int]) -> int:
-    """The most memory decoding and reducing `img` holds at once: its decoded pixels and
-    either a few strips (reduced) or the full-size copies to_channels makes (not reduced)."""
-    decoded = decoded_bytes(img)
+    """The most memory decoding and reducing `img` holds at once: its decoded pixels, a
+    JPEG's coefficients (coefficient_bytes), and either a few strips (reduced) or the
+    full-size copies to_channels makes (not reduced)."""
+    decoded = decoded_bytes(img) + coefficient_bytes(img)
     if _factor(img, size) == 1:
         return decoded + 4 * 4 * img.width * img.height
     return decoded + 3 * 4 * img.width * STRIP_ROWS * _factor(img, size)
+
+
+def coefficient_bytes(img: Image.Image) -> int:
+    """What libjpeg holds beside the pixels while it decodes a JPEG of several scans
+    (progressive, or a scan a component): every component's DCT coefficients for the whole
+    image, 64 of 2 bytes a block, at the full size whatever scale draft() chose. 0 for any
+    other image: a baseline JPEG is decoded a row of blocks at a time."""
+    if not isinstance(img, JpegImagePlugin.JpegImageFile) or not img.layer:
+        return 0
+    if not img.info.get("progressive") and img.info.get("scans", 1) <= 1:
+        return 0
+    scale = img.decoderconfig[0] if img.decoderconfig else 1  # set by draft()
+    width, height = img.width * scale, img.height * scale  # the full size, rounded up
+    h_max = max(h for _, h, _, _ in img.layer)
+    v_max = max(v for _, _, v, _ in img.layer)
+    blocks = 0
+    for _, h, v, _ in img.layer:  # each padded to whole MCUs, as libjpeg allocates them
+        cols = -(-width * h // (8 * h_max))
+        rows = -(-height * v // (8 * v_max))
+        blocks += (-(-cols // h) * h) * (-(-rows // v) * v)
+    return blocks * 64 * 2
 
 
 Box = tuple[float, float, float, float]

@@ -45,7 +45,7 @@ from core.datasets import (
     stratified_split,
 )
 from core.errors import DatasetTooLarge, InvalidDataset
-from core.images import GRAY_MODES, decoded_bytes, open_image, to_channels
+from core.images import GRAY_MODES, ImageRejected, decoded_bytes, open_image, to_channels
 
 
 def parse_upload(data: bytes, *, max_images: int = MAX_IMAGES) -> ParsedDataset:
@@ -411,6 +411,8 @@ def _open_image(zf: zipfile.ZipFile, m: zipfile.ZipInfo) -> Image.Image:
         return open_image(read_member(zf, m))
     except InvalidDataset:
         raise
+    except ImageRejected as e:
+        raise InvalidDataset(f"{m.filename!r} {e}") from e
     except Exception as e:  # Pillow raises many kinds on a bad file
         raise InvalidDataset(f"{m.filename!r}: not a PNG or JPEG image ({e})") from e
 

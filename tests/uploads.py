@@ -4,8 +4,10 @@ trainer reads it, as the worker places it."""
 from __future__ import annotations
 
 import io
+import struct
 import uuid
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -55,3 +57,43 @@ def place(parsed: ParsedDataset, data_dir: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(parsed.npz)
     return name
+
+
+def many_scans_jpeg(scans: int, junk: bytes = b"") -> bytes:
+    """A progressive 64×64 JPEG whose last scan (its SOS segment and entropy-coded data) is
+    repeated until the file holds `scans` scans, each extra one preceded by `junk` (bytes
+    a decoder skips between segments): libjpeg reads every scan over the whole image."""
+    img = Image.new("RGB", (64, 64), (40, 90, 200))
+    img.paste((250, 250, 10), (8, 8, 40, 50))
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", progressive=True)
+    data = buf.getvalue()
+    assert data.endswith(b"\xff\xd9")
+    last = data[data.rindex(b"\xff\xda") : -2]
+    have = data.count(b"\xff\xda")
+    return data[:-2] + (junk + last) * (scans - have) + b"\xff\xd9"
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def many_chunks_png(chunks: int, kind: bytes = b"IDAT") -> bytes:
+    """A 28×28 gray PNG of `chunks` chunks: its compressed pixels one byte an IDAT, then
+    empty chunks of `kind` until there are `chunks` in all."""
+    buf = io.BytesIO()
+    Image.new("L", (28, 28), 7).save(buf, format="PNG")
+    data = buf.getvalue()
+    ihdr, idat, at = b"", b"", 8
+    while at < len(data):
+        length, name = struct.unpack_from(">I4s", data, at)
+        body = data[at + 8 : at + 8 + length]
+        ihdr = body if name == b"IHDR" else ihdr
+        idat += body if name == b"IDAT" else b""
+        at += 12 + length
+    parts = [png_chunk(b"IDAT", idat[i : i + 1]) for i in range(len(idat))]
+    if kind == b"IDAT":
+        parts += [png_chunk(b"IDAT", b"")] * (chunks - 2 - len(parts))
+    else:  # the others before the pixels, where Pillow reads them with the header
+        parts = [png_chunk(kind, b"")] * (chunks - 2 - len(parts)) + parts
+    return data[:8] + png_chunk(b"IHDR", ihdr) + b"".join(parts) + png_chunk(b"IEND", b"")

@@ -12,6 +12,8 @@ from PIL import Image, ImageOps, PngImagePlugin
 
 from core.images import (
     MAX_DECODED_BYTES,
+    MAX_JPEG_SCANS,
+    MAX_PNG_CHUNKS,
     DecodeBudget,
     DecodeBusy,
     ImageRejected,
@@ -21,7 +23,7 @@ from core.images import (
     pixel_chunks,
     to_channels,
 )
-from tests.uploads import text_bomb_png
+from tests.uploads import many_chunks_png, many_scans_jpeg, text_bomb_png
 
 
 def encoded(img: Image.Image, fmt: str = "PNG") -> io.BytesIO:
@@ -142,3 +144,60 @@ def test_only_the_chunks_that_make_pixels_reach_the_decoder() -> None:
     for fmt in ("JPEG", "GIF"):
         other = encoded(Image.new("RGB", (8, 8)), fmt).getvalue()
         assert pixel_chunks(other) == other
+
+
+def test_a_jpeg_of_more_scans_than_the_bound_is_refused_before_decoding() -> None:
+    """libjpeg reads every scan over the whole image: the scans are counted first, walking
+    the file's segments as libjpeg does (entropy-coded data, fill bytes and stray bytes
+    between segments skipped), and a file of too many is refused unread."""
+    shape = (3, 32, 32)
+    assert len(decode_image(io.BytesIO(many_scans_jpeg(MAX_JPEG_SCANS)), shape, False)) == 3072
+    for junk in (b"", b"\xff\xff", b"\x00\x01\xfe"):
+        bomb = many_scans_jpeg(MAX_JPEG_SCANS + 1, junk)
+        with pytest.raises(ImageRejected, match=f"over {MAX_JPEG_SCANS} scans: at most"):
+            decode_image(io.BytesIO(bomb), shape, False)
+
+
+def progressive_jpeg(side: int, subsampling: int) -> io.BytesIO:
+    img = Image.new("RGB", (side, side), (30, 60, 90))
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", progressive=True, subsampling=subsampling, quality=50)
+    buf.seek(0)
+    return buf
+
+
+def test_a_progressive_jpeg_costs_its_full_size_coefficients_whatever_its_draft() -> None:
+    """libjpeg holds a progressive JPEG's DCT coefficients for the whole image (2 bytes each,
+    64 a block, every component at its own sampling) however small the scale it outputs."""
+    side = 2048
+    with Image.open(progressive_jpeg(side, subsampling=0)) as img:  # 4:4:4
+        img.draft("RGB", (28, 28))
+        assert img.size == (side // 8, side // 8)
+        assert decode_cost(img, (28, 28)) >= side * side * 3 * 2
+    with Image.open(progressive_jpeg(side, subsampling=2)) as img:  # 4:2:0
+        img.draft("RGB", (28, 28))
+        assert decode_cost(img, (28, 28)) >= side * side * 3 // 2 * 2
+    with Image.open(encoded(Image.new("RGB", (side, side)), "JPEG")) as img:  # baseline
+        img.draft("RGB", (28, 28))
+        assert decode_cost(img, (28, 28)) < side * side
+
+
+def test_a_progressive_jpeg_past_the_per_image_bound_is_refused_from_its_header() -> None:
+    big = progressive_jpeg(4096, subsampling=0)  # 96 MiB of coefficients
+    header = io.BytesIO(big.getvalue()[:2000])  # its frame header, and hardly any data
+    for data in (big, header):
+        with pytest.raises(ImageRejected, match="coefficients"):
+            decode_image(data, (3, 32, 32), invert=False)
+    # 4:2:0 holds half as many, within the bound.
+    assert len(decode_image(progressive_jpeg(4096, 2), (3, 32, 32), invert=False)) == 3072
+
+
+def test_a_png_of_more_chunks_than_the_bound_is_refused() -> None:
+    """Pillow reads a PNG chunk by chunk in Python: tens of thousands of empty chunks cost
+    seconds a file. Every chunk counts, the pixels' and the skipped ones alike."""
+    ok = many_chunks_png(MAX_PNG_CHUNKS)
+    assert decode_image(io.BytesIO(ok), (1, 28, 28), invert=False) == bytes([7]) * 784
+    for kind in (b"IDAT", b"tEXt"):
+        bomb = many_chunks_png(MAX_PNG_CHUNKS + 1, kind)
+        with pytest.raises(ImageRejected, match=f"over {MAX_PNG_CHUNKS} chunks"):
+            decode_image(io.BytesIO(bomb), (1, 28, 28), invert=False)

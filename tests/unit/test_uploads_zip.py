@@ -12,9 +12,17 @@ from PIL import Image, PngImagePlugin
 
 from core import datasets, uploads
 from core.errors import DatasetTooLarge, InvalidDataset
+from core.images import MAX_JPEG_SCANS, MAX_PNG_CHUNKS
 from core.train.data import load_dataset
 from core.uploads import parse_upload
-from tests.uploads import image, place, text_bomb_png, zip_bytes
+from tests.uploads import (
+    image,
+    many_chunks_png,
+    many_scans_jpeg,
+    place,
+    text_bomb_png,
+    zip_bytes,
+)
 
 
 def test_zip_of_class_folders(tmp_path: Path) -> None:
@@ -154,3 +162,16 @@ def test_too_many_images_is_refused_before_any_is_decoded() -> None:
         parse_upload(zip_bytes(members), max_images=5)
     with pytest.raises(InvalidDataset, match="not a PNG or JPEG"):
         parse_upload(zip_bytes(members), max_images=6)
+
+
+def test_uploaded_images_of_too_many_scans_or_chunks_are_refused_by_name() -> None:
+    """A JPEG's scans and a PNG's chunks are bounded in uploads as in predictions: each costs
+    the decoder work, and a file of thousands would hold an upload slot for minutes."""
+    ok = {f"{k}/{i}.png": image("L", (28, 28), 9 * i) for k in "ab" for i in range(5)}
+    bombs = {
+        "b/scans.jpg": (many_scans_jpeg(MAX_JPEG_SCANS + 1), "scans"),
+        "b/chunks.png": (many_chunks_png(MAX_PNG_CHUNKS + 1), "chunks"),
+    }
+    for name, (bomb, what) in bombs.items():
+        with pytest.raises(InvalidDataset, match=re.escape(f"'{name}' has ") + f".* {what}"):
+            parse_upload(zip_bytes({**ok, name: bomb}))

@@ -1,12 +1,14 @@
 """What decoding the images of a prediction costs the API process: a small PNG that declares
-4096×4096 RGBA pixels, alone and eight requests of four at once. Each image is decoded
-within a per-image bound and reduced as it is read, and the process's decodes share one
-budget (Settings.max_decode_bytes, 256 MiB by default); a request that cannot get its
-share in time is a 503 with Retry-After."""
+4096×4096 RGBA pixels, alone and eight requests of four at once, and as many progressive
+JPEGs, whose decoder holds the whole image's coefficients whatever the scale it outputs.
+Each image is decoded within a per-image bound and reduced as it is read, and the process's
+decodes share one budget (Settings.max_decode_bytes, 256 MiB by default); a request that
+cannot get its share in time is a 503 with Retry-After."""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -33,7 +35,19 @@ def large_digit() -> bytes:
     return buf.getvalue()
 
 
+def progressive_photo() -> bytes:
+    """A 3000×3000 progressive 4:4:4 JPEG of one stroke: some 100 KB whose decoder holds
+    51 MiB of coefficients, however small the scale it outputs."""
+    img = Image.new("RGB", (3000, 3000))
+    ImageDraw.Draw(img).rectangle((1000, 400, 2000, 2600), fill=(255, 255, 255))
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", progressive=True, subsampling=0)
+    return buf.getvalue()
+
+
 def files(blob: bytes, n: int) -> list[tuple[str, tuple[str, bytes, str]]]:
+    if blob.startswith(b"\xff\xd8"):
+        return [("files", (f"{i}.jpg", blob, "image/jpeg")) for i in range(n)]
     return [("files", (f"{i}.png", blob, "image/png")) for i in range(n)]
 
 
@@ -52,10 +66,14 @@ def test_one_large_image_costs_about_its_decoded_pixels(service: Service, job_id
     assert growth < 96, f"one {len(blob)}-byte PNG raised the API's peak RSS by {growth} MiB"
 
 
-def test_concurrent_decodes_stay_within_the_process_budget(service: Service, job_id: str) -> None:
+@pytest.mark.parametrize("image", [large_digit, progressive_photo])
+def test_concurrent_decodes_stay_within_the_process_budget(
+    service: Service, job_id: str, image: Callable[[], bytes]
+) -> None:
     assert service.api is not None
     assert predict(service, job_id, json=zeros(1)).status_code == 200
-    blob = large_digit()
+    blob = image()
+    assert len(blob) < 1 << 20
 
     def burst() -> list[httpx.Response]:
         with ThreadPoolExecutor(REQUESTS) as pool:
@@ -73,4 +91,6 @@ def test_concurrent_decodes_stay_within_the_process_budget(service: Service, job
         if r.status_code == 503:
             assert r.headers["Retry-After"] and "decod" in r.json()["detail"]
     # The budget (256 MiB) and the requests' bodies and inference; not 32 decodes at once.
-    assert growth < 320, f"{REQUESTS}×{FILES} large PNGs raised the API's peak RSS by {growth} MiB"
+    assert growth < 320, (
+        f"{REQUESTS}×{FILES} large images raised the API's peak RSS by {growth} MiB"
+    )
