@@ -310,3 +310,32 @@ def test_the_docs_can_authorize_every_route_that_needs_a_key(service: Service) -
     # What the docs' Authorize button then sends is the key the routes take.
     r = httpx.get(f"{service.url}/jobs", headers=auth(service.keys[0]))
     assert r.status_code == 200
+
+
+LONE = r"\ud800"  # a lone surrogate, as JSON spells it: valid JSON, no valid UTF-8
+
+
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/jobs", f'{{"epochs": 1, "max_steps": 1, "dataset": "{LONE}"}}'),
+        ("/jobs", f'{{"epochs": 1, "{LONE}x": 1}}'),
+        ("/jobs", f'{{"epochs": "{LONE}"}}'),
+        ("/jobs", f'{{"dataset": "ds:{LONE}"}}'),
+        ("/sweeps", f'{{"base": {{"epochs": 1, "{LONE}": 1}}, "grid": {{"lr": [0.1]}}}}'),
+        ("/sweeps", f'{{"{LONE}": {{"{LONE}": ["{LONE}"]}}}}'),
+        ("/sweeps", f'{{"space": {{"{LONE}": {{"choice": [1]}}}}}}'),  # a map's key
+    ],
+)
+def test_a_lone_surrogate_is_a_422_that_echoes_it_escaped(
+    service: Service, path: str, raw: str
+) -> None:
+    r = httpx.post(
+        f"{service.url}{path}",
+        content=raw.encode(),
+        headers={**auth(service.keys[0]), "content-type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    r.content.decode("utf-8")  # strict: the reply itself is valid UTF-8
+    assert "\\ud800" in str(r.json()["detail"])
+
