@@ -144,3 +144,14 @@ def test_text_chunks_of_uploaded_pngs_are_never_inflated(monkeypatch: pytest.Mon
     parsed = parse_upload(zip_bytes(members))
     assert parsed.image_shape == (1, 16, 16) and parsed.train_count + parsed.test_count == 40
     assert inflated == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["esc\x1b[31m", "new\nline", "nel\x85", "csi\x9b", "rtl\u202egpj.exe", "iso\u2066", "x" * 201],
+)
+def test_a_class_folder_name_that_is_not_plain_text_is_refused(name: str) -> None:
+    members = {f"{k}/{i}.png": image("L", (8, 8), 0) for k in ("ok", name) for i in range(3)}
+    with pytest.raises(InvalidDataset, match="class folder") as caught:
+        parse_upload(zip_bytes(members))
+    assert caught.value.message.isprintable()  # the name is quoted escaped
