@@ -8,11 +8,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from redis.exceptions import OutOfMemoryError, RedisError
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException
 
 from core.errors import (
     DatasetInUse,
@@ -42,11 +44,14 @@ FULL_RETRY_AFTER_S = "30"
 
 
 def _json_safe(value: Any) -> Any:
-    """JSON has no NaN or Infinity: echo them back as strings."""
+    """JSON has no NaN or Infinity: echo them back as strings. A lone surrogate (JSON's
+    `\\ud800`, which json.loads accepts) has no UTF-8: echo it escaped, as the text `\\ud800`."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {_json_safe(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     return value
@@ -59,6 +64,24 @@ def install(app: FastAPI) -> None:
         message as a person reads it."""
         problems = [_problem(request, error) for error in exc.errors()]
         return JSONResponse({"detail": _json_safe(jsonable_encoder(problems))}, 422)
+
+    @app.exception_handler(UnicodeEncodeError)
+    async def lone_surrogate(request: Request, exc: UnicodeEncodeError) -> Response:
+        """pydantic reads a lone surrogate in a JSON string as `string_unicode`, but one in a
+        map's key (a sweep's `space`) escapes it as this error: the client's text, a 422."""
+        if exc.reason != "surrogates not allowed":
+            raise exc
+        what = _json_safe(exc.object[max(exc.start - 20, 0) : exc.end + 20])
+        msg = f"a string holds a lone surrogate (near {what!r}): send text as valid UTF-8"
+        problem = {"type": "string_unicode", "loc": ["body"], "msg": msg}
+        return JSONResponse({"detail": [problem]}, 422)
+
+    @app.exception_handler(HTTPException)
+    async def refused_by_route(request: Request, exc: HTTPException) -> Response:
+        """A route's own refusal, as FastAPI answers it, its detail made JSON-safe: a
+        detail may quote what the client sent."""
+        safe = HTTPException(exc.status_code, _json_safe(exc.detail), exc.headers)
+        return await http_exception_handler(request, safe)
 
     async def refused(_: Request, exc: Exception) -> JSONResponse:
         """trainq's named refusals (core.errors), each with its status code."""

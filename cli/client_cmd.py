@@ -16,6 +16,7 @@ from typing import Any
 from tqdm import tqdm
 
 from cli.options import spec_from_args
+from cli.problems import shown
 from client.http import Client
 from core.config import Settings
 from core.spec import ExportFormat, JobStatus
@@ -132,16 +133,25 @@ def download_command(args: argparse.Namespace) -> int:
         # Not asked for one: the format the API sends by default, the best the job offers
         # (none yet: the API's refusal below says why).
         fmt = args.format or c.job(job_id)["default_format"]
-        suffix = ExportFormat(fmt).suffix if fmt else ".pt"
-        path = args.output or Path(f"trainq-{job_id}{suffix}")
-        sha = c.download(job_id, path, format=fmt)
+        try:
+            export = ExportFormat(fmt) if fmt else None
+        except ValueError:
+            print(
+                f"trainq: the API names the format {shown(repr(fmt))}, which this trainq "
+                "does not know: give --format (torchscript, pt2 or onnx)",
+                file=sys.stderr,
+            )
+            return 1
+        path = args.output or Path(f"trainq-{job_id}{export.suffix if export else '.pt'}")
+        got = c.download(job_id, path, format=fmt)
         record = c.record(job_id) if args.check else None
-    print(f"{path} sha256 {sha}", file=sys.stderr)
-    if record is None or fmt is None:
+    unverified = "" if got.verified else " (not verified: the API sent no sha256 in its ETag)"
+    print(f"{path} sha256 {got.sha256}{unverified}", file=sys.stderr)
+    if record is None or export is None:
         return 0
     from cli.model_check import check_model
 
-    return check_model(ExportFormat(fmt), path, record)
+    return check_model(export, path, record)
 
 
 # `trainq usage`: per line, "used/limit" ("-": no limit).

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cli.problems import shown
 from core.spec import ExportFormat
 
 # A data set's images (core.datasets holds the same bounds for uploads, the built-in sets
@@ -58,10 +59,22 @@ def check_model(fmt: ExportFormat, path: Path, record: Any) -> int:
             file=sys.stderr,
         )
         return 1
-    with torch.inference_mode():
-        logits = model(torch.zeros(1, *shape))
+    except Exception as e:  # a file the server sent: whatever it holds is the server's doing
+        return _failed("did not load", e)
+    try:
+        with torch.inference_mode():
+            out = tuple(model(torch.zeros(1, *shape)).shape)
+    except Exception as e:  # its forward is the server's code: a failure, an allocation...
+        return _failed("loads, but failed on a blank image", e)
     print(
-        f"{path} loads: {'×'.join(map(str, shape))} images in, logits shape {tuple(logits.shape)}",
+        f"{path} loads: {'×'.join(map(str, shape))} images in, logits shape {out}",
         file=sys.stderr,
     )
     return 0
+
+
+def _failed(what: str, e: Exception) -> int:
+    """One line: what went wrong, the exception's first line escaped (it quotes the file)."""
+    why = shown(str(e).strip().partition("\n")[0][:300])
+    print(f"trainq: --check: the model {what}: {type(e).__name__}: {why}", file=sys.stderr)
+    return 1

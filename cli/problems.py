@@ -1,12 +1,15 @@
 """How a failure a user can meet reads on the terminal, and the exit code it gives (the
 list is `trainq --help`'s): an API refusal one line, a 422 each field that is wrong (exit 2,
 as argparse does for a bad flag), a 429 the quota and when to retry; an id that names no
-job, or several; an API that cannot be reached, one line and exit 69."""
+job, or several; an API that cannot be reached, one line and exit 69. The server's text
+is shown escaped (`shown`): a server that is not trainq's could otherwise send escape
+sequences to the terminal, or a line break and a forged line."""
 
 from __future__ import annotations
 
 import re
 import sys
+import unicodedata
 from typing import Any
 
 import httpx
@@ -16,6 +19,18 @@ from client.http import ApiError, IdNotFound
 
 INVALID = 2
 UNREACHABLE = 69  # sysexits.h's EX_UNAVAILABLE: a service the command needs is not there
+# Control characters (C0, DEL, C1), format characters (bidi overrides, zero-width ones) and
+# lone surrogates: each is shown as its escape, `\x1b`, `\u202e`.
+HIDDEN = ("Cc", "Cf", "Cs")
+
+
+def shown(text: object) -> str:
+    """`text` as one line that the terminal shows as it is, with no character that moves
+    the cursor, changes colours, the title or the reading order."""
+    return "".join(
+        ch.encode("unicode_escape").decode() if unicodedata.category(ch) in HIDDEN else ch
+        for ch in str(text)
+    )
 
 
 def exit_code(e: Exception) -> int | None:
@@ -24,10 +39,10 @@ def exit_code(e: Exception) -> int | None:
     if isinstance(e, ApiError):
         return refused(e)
     if isinstance(e, IdNotFound):
-        print(f"trainq: {e}", file=sys.stderr)
+        print(f"trainq: {shown(e)}", file=sys.stderr)
         return 1
     if isinstance(e, httpx.TransportError):
-        print(f"trainq: {unreachable(e)}", file=sys.stderr)
+        print(f"trainq: {shown(unreachable(e))}", file=sys.stderr)
         return UNREACHABLE
     if isinstance(e, ValidationError):
         from core.errors import field_problems
@@ -58,20 +73,23 @@ def refused(e: ApiError, what: str = "the request") -> int:
         print("\n".join(lines), file=sys.stderr)
         return INVALID
     if e.status == 429:
-        print(f"trainq: {quota_message(e)}", file=sys.stderr)
+        print(f"trainq: {shown(quota_message(e))}", file=sys.stderr)
         return 1
-    print(f"trainq: {e.detail}", file=sys.stderr)
+    print(f"trainq: {shown(e.detail)}", file=sys.stderr)
     return 1
 
 
 def field_problems(detail: Any) -> list[str]:
     """FastAPI's 422 detail as `space.lr: message` lines (the path is `loc` past the body)."""
     if not isinstance(detail, list):
-        return [str(detail)]
+        return [shown(detail)]
     lines = []
     for problem in detail:
+        if not isinstance(problem, dict):
+            lines.append(shown(problem))
+            continue
         path = [str(p) for p in problem.get("loc", []) if p != "body"]
-        lines.append(f"{'.'.join(path) or 'body'}: {problem.get('msg', problem)}")
+        lines.append(shown(f"{'.'.join(path) or 'body'}: {problem.get('msg', problem)}"))
     return lines
 
 

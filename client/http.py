@@ -4,7 +4,7 @@ client = Client("http://127.0.0.1:8000", api_key="...")
 job = client.submit({"dataset": "mnist-sample", "epochs": 3})
 for event in client.events(job["id"]):
     ...
-client.download(job["id"], "model.pt")  # or format="pt2" / "onnx", to model.pt2 / .onnx
+client.download(job["id"], "model.pt").sha256  # or format="pt2" / "onnx", to model.pt2 / .onnx
 client.find_job_id("9c88f067")  # the whole id of the key's one job that starts so
 """
 
@@ -16,6 +16,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,6 +28,18 @@ WHOLE_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
 MIN_ID_PREFIX = 4  # the API's own minimum (api.access.IdPrefix)
 ID_PREFIX = re.compile(rf"^[0-9a-f-]{{{MIN_ID_PREFIX},36}}$")
 CANDIDATES_SHOWN = 5  # of an ambiguous prefix
+# The most a download writes: a server that is not trainq's could send an endless body.
+MAX_DOWNLOAD_BYTES = 2 << 30
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    """A model written to disk: its sha256, and whether the API sent one (its ETag) that
+    the bytes were checked against."""
+
+    sha256: str
+    verified: bool
 
 
 class IdNotFound(LookupError):
@@ -241,26 +254,51 @@ class Client:
                     raise
                 time.sleep(0.5)  # Redis or the database away for a moment
 
-    def download(self, job_id: str, path: Path, format: str | None = None) -> str:
+    def download(
+        self,
+        job_id: str,
+        path: Path,
+        format: str | None = None,
+        max_bytes: int = MAX_DOWNLOAD_BYTES,
+    ) -> Downloaded:
         """Stream the model in `format` (torchscript, pt2 or onnx; by default the job's
-        `default_format`) to `path`, checking its sha256 against the ETag. Returns it."""
-        digest = hashlib.sha256()
+        `default_format`) to `path`, checking its sha256 against the ETag where the API
+        sent one. A body past `max_bytes` is refused; nothing is left at `path` then, nor
+        when the sha256 differs."""
         tmp = path.with_suffix(path.suffix + ".part")
+        try:
+            sha256, expected = self._stream_model(job_id, tmp, format, max_bytes)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        if expected is not None and sha256 != expected:
+            tmp.unlink(missing_ok=True)
+            raise ApiError(502, f"downloaded model's sha256 {sha256} != {expected}")
+        tmp.replace(path)
+        return Downloaded(sha256, verified=expected is not None)
+
+    def _stream_model(
+        self, job_id: str, tmp: Path, format: str | None, max_bytes: int
+    ) -> tuple[str, str | None]:
+        """The body written to `tmp`: its sha256, and the one the ETag gives (or None)."""
+        digest, size = hashlib.sha256(), 0
         params = {"format": format} if format else {}
         with self.http.stream("GET", f"/jobs/{job_id}/model", params=params) as resp:
             if resp.status_code >= 400:
                 resp.read()
                 self._json(resp)
-            expected = resp.headers.get("etag", "").strip('"')
+            etag = resp.headers.get("etag", "").strip('"')
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise ApiError(502, f"the model is {declared} bytes: more than {max_bytes} bytes")
             with tmp.open("wb") as f:
                 for chunk in resp.iter_bytes():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise ApiError(502, f"the API sent more than {max_bytes} bytes")
                     digest.update(chunk)
                     f.write(chunk)
-        if expected and digest.hexdigest() != expected:
-            tmp.unlink(missing_ok=True)
-            raise ApiError(502, f"downloaded model's sha256 {digest.hexdigest()} != {expected}")
-        tmp.replace(path)
-        return digest.hexdigest()
+        return digest.hexdigest(), etag if SHA256.match(etag) else None
 
 
 def whole_id(kind: str, given: str, listing: Callable[[str], Iterator[dict[str, Any]]]) -> str:

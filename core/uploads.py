@@ -46,6 +46,9 @@ from core.datasets import (
 )
 from core.errors import DatasetTooLarge, InvalidDataset
 from core.images import GRAY_MODES, ImageRejected, decoded_bytes, open_image, to_channels
+from core.text import PLAIN_MESSAGE, is_plain
+
+MAX_CLASS_NAME = 200  # characters, as a data set's name
 
 
 def parse_upload(data: bytes, *, max_images: int = MAX_IMAGES) -> ParsedDataset:
@@ -377,7 +380,19 @@ def _class_members(members: list[zipfile.ZipInfo]) -> dict[str, list[zipfile.Zip
         if not p[1].lower().endswith(IMAGE_SUFFIXES):
             raise InvalidDataset(f"zip member {m.filename!r}: only PNG and JPEG images")
         by_class.setdefault(p[0], []).append(m)
+    for name in by_class:
+        _check_class_name(name)
     return by_class
+
+
+def _check_class_name(name: str) -> None:
+    """A class's name is its folder's: plain text (core.text), as a data set's name is."""
+    if len(name) > MAX_CLASS_NAME:
+        raise InvalidDataset(
+            f"class folder {name[:40]!r}...: {len(name)} characters, at most {MAX_CLASS_NAME}"
+        )
+    if not is_plain(name):
+        raise InvalidDataset(f"class folder {name!r}: {PLAIN_MESSAGE}")
 
 
 def _folder_layout(

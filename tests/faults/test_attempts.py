@@ -103,7 +103,7 @@ def test_a_job_lost_after_its_last_checkpoint_resumes_and_succeeds(
     items = c.metrics(job_id, limit=5000)["items"]
     assert [p["step"] for p in items] == list(range(1, 33))
     assert [e["epoch"] for e in c.epochs(job_id)] == [1, 2]
-    assert len(c.download(job_id, tmp_path / "model.pt")) == 64
+    assert len(c.download(job_id, tmp_path / "model.pt").sha256) == 64
 
 
 def insert_dataset(svc: Service, x: np.ndarray, y: np.ndarray, n_test: int) -> str:
@@ -178,7 +178,7 @@ def test_a_step_free_phase_longer_than_the_heartbeat_timeout_is_not_lost(
     done = ended(c, job["id"], timeout=240)
     assert (done["status"], done["attempt"]) == ("succeeded", 1), done["error"]
     assert done["result"]["steps"] == 1
-    assert len(c.download(job["id"], tmp_path / "model.pt")) == 64
+    assert len(c.download(job["id"], tmp_path / "model.pt").sha256) == 64
 
 
 def job_row(svc: Service, job_id: str) -> tuple[int | None, int]:

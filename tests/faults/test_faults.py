@@ -65,7 +65,7 @@ def assert_intact(c: Client, job: dict, tmp_path: Path, steps: int) -> None:
     assert [p["step"] for p in items] == list(range(1, steps + 1))
     assert all(math.isfinite(p["loss"]) for p in items)
     assert [e["epoch"] for e in c.epochs(job["id"])] == list(range(1, job["spec"]["epochs"] + 1))
-    sha = c.download(job["id"], tmp_path / f"{job['id']}.pt")
+    sha = c.download(job["id"], tmp_path / f"{job['id']}.pt").sha256
     assert len(sha) == 64
 
 

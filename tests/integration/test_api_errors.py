@@ -310,3 +310,59 @@ def test_the_docs_can_authorize_every_route_that_needs_a_key(service: Service) -
     # What the docs' Authorize button then sends is the key the routes take.
     r = httpx.get(f"{service.url}/jobs", headers=auth(service.keys[0]))
     assert r.status_code == 200
+
+
+LONE = r"\ud800"  # a lone surrogate, as JSON spells it: valid JSON, no valid UTF-8
+
+
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/jobs", f'{{"epochs": 1, "max_steps": 1, "dataset": "{LONE}"}}'),
+        ("/jobs", f'{{"epochs": 1, "{LONE}x": 1}}'),
+        ("/jobs", f'{{"epochs": "{LONE}"}}'),
+        ("/jobs", f'{{"dataset": "ds:{LONE}"}}'),
+        ("/sweeps", f'{{"base": {{"epochs": 1, "{LONE}": 1}}, "grid": {{"lr": [0.1]}}}}'),
+        ("/sweeps", f'{{"{LONE}": {{"{LONE}": ["{LONE}"]}}}}'),
+        ("/sweeps", f'{{"space": {{"{LONE}": {{"choice": [1]}}}}}}'),  # a map's key
+    ],
+)
+def test_a_lone_surrogate_is_a_422_that_echoes_it_escaped(
+    service: Service, path: str, raw: str
+) -> None:
+    r = httpx.post(
+        f"{service.url}{path}",
+        content=raw.encode(),
+        headers={**auth(service.keys[0]), "content-type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    r.content.decode("utf-8")  # strict: the reply itself is valid UTF-8
+    assert "\\ud800" in str(r.json()["detail"])
+
+
+def test_a_data_set_name_of_invalid_utf8_is_a_422(service: Service) -> None:
+    """A form's bytes that are no UTF-8 (a surrogate's, a C1 control's) are no name."""
+    for name in (b"name-\xed\xa0\x80", b"name-\xc2\x85", b"\x9b31m"):
+        r = httpx.post(
+            f"{service.url}/datasets",
+            headers=auth(service.keys[0]),
+            files={"file": ("d.zip", b"PK\x05\x06" + b"\x00" * 18, "application/zip")},
+            data={"name": name},  # type: ignore[dict-item]
+        )
+        assert r.status_code == 422, (name, r.text)
+        assert ["body", "name"] in [e["loc"] for e in r.json()["detail"]], (name, r.text)
+        r.content.decode("utf-8")
+
+
+@pytest.mark.parametrize("key", [b"k\x85\xa0", b"k\x9b31m", b"k\xe2\x80\xae"])
+def test_an_idempotency_key_with_a_c1_control_or_a_bidi_override_is_a_422(
+    service: Service, key: bytes
+) -> None:
+    """A header's bytes read as Latin-1: 0x85 is NEL; UTF-8's U+202E reads as "â\x80®"."""
+    r = httpx.post(
+        f"{service.url}/jobs",
+        json={"epochs": 1, "max_steps": 1},
+        headers={**auth(service.keys[0]), "Idempotency-Key": key},  # type: ignore[dict-item]
+    )
+    assert r.status_code == 422, r.text
+    assert ["header", "idempotency-key"] in [e["loc"] for e in r.json()["detail"]]

@@ -27,6 +27,7 @@ from core.owners import owner_id
 from core.train.data import IDX_FILES, load_dataset
 from tests.memory import peak_growth_mib
 from tests.service import REPO, Service, trained
+from tests.uploads import image, zip_bytes
 
 N_TRAIN, N_TEST = 600, 200
 TIMEOUT = 120  # the first prediction imports torch into the API process
@@ -182,10 +183,14 @@ def test_bad_uploads_are_refused_naming_the_problem(service: Service) -> None:
     np.savez(pickled, x_train=x, y_train=np.arange(4), x_test=x, y_test=np.arange(4))
     blank = np.zeros((8, 8, 8), np.uint8)
     constant = npz(x_train=blank, y_train=np.arange(8) % 2, x_test=blank, y_test=np.arange(8) % 2)
+    folders = {
+        f"{k}/{i}.png": image("L", (8, 8), 9 * i) for k in ("ok", "\u202egnp") for i in range(3)
+    }
     for blob, words in [
         (pickled.getvalue(), "pickled"),
         (b"plain text", "not an .npz or .zip"),
         (constant, "a standard deviation of 0"),
+        (zip_bytes(folders), "class folder '\\u202egnp': send plain text"),
     ]:
         r = upload(service, blob)
         assert r.status_code == 422, r.text

@@ -1,6 +1,8 @@
 """Every text field and every number of every route, read from the app's own OpenAPI
 document: a NUL byte in a string and a 401-digit integer in a number are 4xx, never a 500,
 on SQLite and PostgreSQL (which refuses NUL in text and in JSON, and integers past BIGINT).
+A JSON body's strings and keys also get a lone surrogate (`\\ud800`: valid JSON, no UTF-8),
+which a 422 that echoes it must escape.
 
 The walk is generic: a route added later is walked too. Each bad value is sent alone, in a
 request otherwise as valid as the walk can make it, so that it reaches as deep as it can."""
@@ -8,6 +10,7 @@ request otherwise as valid as the walk can make it, so that it reaches as deep a
 from __future__ import annotations
 
 import io
+import json
 import socket
 import uuid
 from collections.abc import Iterator
@@ -24,6 +27,7 @@ from tests.service import Service
 
 NUL = "a\x00b"
 HUGE = int("9" * 401)
+LONE_SURROGATE = "a\ud800b"
 SKIPPED_PATHS = ("/jobs/{job_id}/events", "/sweeps/{sweep_id}/events")  # streams: one read
 
 
@@ -69,10 +73,15 @@ def deref(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def bad_values(doc: dict[str, Any], schema: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+def bad_values(
+    doc: dict[str, Any], schema: dict[str, Any], in_json: bool = False
+) -> Iterator[tuple[str, Any]]:
+    """Only JSON can carry a lone surrogate: a URL, a header or a form field is bytes."""
     admitted = kinds(doc, schema)
     if "string" in admitted:
         yield "NUL", NUL
+        if in_json:
+            yield "lone surrogate", LONE_SURROGATE
     if admitted & {"integer", "number"}:
         yield "401 digits", HUGE
 
@@ -83,7 +92,9 @@ def leaves(
     """(path, what, bad value) for each string or number inside a body's schema: objects'
     properties and additionalProperties, arrays' items, through $ref and anyOf."""
     schema = deref(doc, schema)
-    yield from (([], what, v) for what, v in bad_values(doc, schema) if depth)
+    yield from (([], what, v) for what, v in bad_values(doc, schema, in_json=True) if depth)
+    if not depth and "properties" in schema:  # an unknown key, which a 422 names in its loc
+        yield [LONE_SURROGATE], "lone surrogate key", 1
     if depth > 4:
         return
     options = [deref(doc, s) for s in schema.get("anyOf", []) + schema.get("oneOf", [])]
@@ -96,6 +107,7 @@ def leaves(
             for path, what, v in leaves(doc, extra, depth + 1):
                 yield ["epochs", *path], what, v  # a known key (a JobSpec field): its value is read
             yield [NUL], "NUL key", 1
+            yield [LONE_SURROGATE], "lone surrogate key", 1
         if isinstance(option.get("items"), dict):
             for path, what, v in leaves(doc, option["items"], depth + 1):
                 yield [0, *path], what, v
@@ -173,6 +185,8 @@ def send(service: Service, call: Call, upload: bytes) -> int:
         return raw_status(service.url, call.method, path + (f"?{query}" if query else ""),
                           headers)  # fmt: skip
     files = None
+    if call.json is not None:  # escaped as JSON spells it: a lone surrogate has no UTF-8
+        headers["Content-Type"] = "application/json"
     if call.form is not None:  # with a valid file, so that the field reaches the database
         files = {"file": ("set.npz", upload, "application/octet-stream")}
     r = httpx.request(
@@ -180,7 +194,7 @@ def send(service: Service, call: Call, upload: bytes) -> int:
         f"{service.url}{path}",
         params=call.params,
         headers=headers,
-        json=call.json,
+        content=None if call.json is None else json.dumps(call.json).encode(),
         data=call.form,
         files=files,
         timeout=60,

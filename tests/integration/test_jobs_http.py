@@ -88,7 +88,7 @@ def test_submit_follow_poll_download(service: Service, data_dir: Path, tmp_path:
         headers={"Authorization": f"Bearer {service.keys[0]}"},
     )
     assert head.status_code == 200 and int(head.headers["content-length"]) > 1000
-    sha = c.download(job["id"], tmp_path / "model.pt")
+    sha = c.download(job["id"], tmp_path / "model.pt").sha256
     assert head.headers["etag"] == f'"{sha}"'
     model = load_torchscript((tmp_path / "model.pt").read_bytes())
     test = load_dataset("mnist-sample", data_dir).test

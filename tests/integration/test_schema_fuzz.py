@@ -1,6 +1,7 @@
 """Schemathesis against the app's own OpenAPI, over real HTTP: positive and negative data,
-with and without a key, and (tests/schema_hooks.py) strings holding a NUL byte and numbers of
-401 digits. Zero 5xx and zero responses that break the documented schema."""
+with and without a key, and (tests/schema_hooks.py) strings holding a NUL byte, numbers of
+401 digits, and JSON bodies with a lone surrogate in a string or a key. Zero 5xx and zero
+responses that break the documented schema."""
 
 from __future__ import annotations
 

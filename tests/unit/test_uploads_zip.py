@@ -175,3 +175,14 @@ def test_uploaded_images_of_too_many_scans_or_chunks_are_refused_by_name() -> No
     for name, (bomb, what) in bombs.items():
         with pytest.raises(InvalidDataset, match=re.escape(f"'{name}' has ") + f".* {what}"):
             parse_upload(zip_bytes({**ok, name: bomb}))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["esc\x1b[31m", "new\nline", "nel\x85", "csi\x9b", "rtl\u202egpj.exe", "iso\u2066", "x" * 201],
+)
+def test_a_class_folder_name_that_is_not_plain_text_is_refused(name: str) -> None:
+    members = {f"{k}/{i}.png": image("L", (8, 8), 0) for k in ("ok", name) for i in range(3)}
+    with pytest.raises(InvalidDataset, match="class folder") as caught:
+        parse_upload(zip_bytes(members))
+    assert caught.value.message.isprintable()  # the name is quoted escaped

@@ -37,7 +37,7 @@ def test_each_format_downloads_with_its_etag_and_classifies_as_torchscript(
 ) -> None:
     c = service.client()
     assert c.job(job_id)["links"]["models"][fmt] == f"/jobs/{job_id}/model?format={fmt}"
-    sha = c.download(job_id, tmp_path / f"model{fmt.suffix}", format=fmt)
+    sha = c.download(job_id, tmp_path / f"model{fmt.suffix}", format=fmt).sha256
     blob = (tmp_path / f"model{fmt.suffix}").read_bytes()
     assert hashlib.sha256(blob).hexdigest() == sha
 

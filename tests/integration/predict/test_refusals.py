@@ -176,3 +176,17 @@ def test_a_body_of_200000_keys_is_a_short_422_at_little_cost(service: Service, j
         errors = detail(r)
         assert 1 <= len(errors) <= 20 and len(r.content) < 4000
         assert errors[0]["loc"] == ["body"] and f"{n} keys" in errors[0]["msg"], errors
+
+
+def test_a_lone_surrogate_in_json_images_is_a_422(service: Service, job_id: str) -> None:
+    """A key or a value of JSON `\\ud800` is valid JSON but no UTF-8: echoed escaped."""
+    body = zeros(1)
+    body["images"][0][0][0] = "pixel"
+    in_a_pixel = json.dumps(body).replace('"pixel"', r'"\ud800"')
+    json_type = {"Content-Type": "application/json"}
+    for raw in (r'{"images": "\udfff"}', in_a_pixel):
+        r = predict(service, job_id, content=raw, headers=json_type)
+        assert r.status_code == 422, r.text
+        r.content.decode("utf-8")  # strict: the reply itself is valid UTF-8
+    r = predict(service, job_id, content=r'{"images": [[[0]]], "\ud800": 1}', headers=json_type)
+    assert ["body", "\\ud800"] in [e["loc"] for e in detail(r)]
