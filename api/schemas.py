@@ -153,6 +153,7 @@ class Health(BaseModel):
     status: str = Field(description="ok, or degraded when the database or Redis is away.")
     database: bool
     redis: bool
+    redis_problem: str | None = None  # why Redis is away; None where it is not
     queue_depth: int | None
     workers: list[WorkerOut]
     database_schema: str | None = None  # the database's revision; None where it is away

@@ -83,9 +83,13 @@ class Supervisor:
 
 
 def stop_together(children: list[Child], grace_s: float) -> None:
-    """SIGTERM to each child itself (a launcher passes it on to its workers once: a second
-    one would be RQ's cold shutdown), then SIGKILL to the group of each one still running
-    after `grace_s`."""
+    """SIGTERM to each child still running, and to that child itself (a launcher passes it
+    on to its workers once: a second one would be RQ's cold shutdown, which kills the horse
+    mid hand-back). A child that has already ended (a killed launcher) gets none: what it
+    left in its group (its workers) got SIGTERM from its death (core.local.lifetime), and is
+    handing its jobs back. Then the wait, up to `grace_s`, until each child's whole process
+    group is gone, not the child alone; SIGKILL to any group still there after it. So the
+    next groups (Redis) are stopped only once what this one left has handed its jobs back."""
     for child in children:
         if child.running():
             with contextlib.suppress(ProcessLookupError):
@@ -96,6 +100,29 @@ def stop_together(children: list[Child], grace_s: float) -> None:
             child.proc.wait(timeout=max(deadline - time.monotonic(), 0))
         except subprocess.TimeoutExpired:
             print(f"trainq up: the {child.name} outlived its grace; killed", file=sys.stderr)
+        while group_alive(child.proc.pid) and time.monotonic() < deadline:
+            time.sleep(POLL_S / 4)
+        if group_alive(child.proc.pid):
+            print(
+                f"trainq up: the {child.name}'s processes outlived its grace; killed",
+                file=sys.stderr,
+            )
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.proc.pid, signal.SIGKILL)  # what it left in its group, if anything
         child.proc.wait()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group `pgid` runs. Those of it that are this process's own
+    children and have ended are reaped first (a leader, or, where `up` is a container's
+    pid 1, the orphans it adopted), as a zombie counts as a member until then."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-pgid, os.WNOHANG)[0] != 0:
+            pass
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,6 +1,9 @@
 """/health: no key needed; says whether the database and Redis answer, and how many work.
 503 (with Retry-After) when either is away, so a container's or load balancer's health
-check fails. Worker names (host names) and their current jobs only to an admin key.
+check fails. A Redis that answers but refuses writes (full: maxmemory with noeviction;
+MISCONF: it cannot persist to its disk; a read-only replica) is away too, as no job can be
+submitted, started or handed back: the probe writes one short-lived key. Worker names
+(host names) and their current jobs only to an admin key.
 
 Load balancers and every client poll it, so one process probes at most once a second
 and shares the answer (reading the workers costs RQ a Redis round trip per worker)."""
@@ -15,7 +18,9 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 from redis import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Worker, worker_registration
 from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
@@ -31,11 +36,19 @@ from core.versions import FIELDS, Versions, running_versions
 log = logging.getLogger("trainq.api")
 router = APIRouter(tags=["health"])
 
+PROBE_KEY = "trainq:health-probe"  # written by each probe; it expires at once
+PROBE_TTL_MS = 2000
+
 
 class HealthOut(BaseModel):
     status: str = Field(description="ok, or degraded (503) when the database or Redis is away.")
     database: bool
     redis: bool
+    redis_problem: str | None = Field(
+        None,
+        description="Why Redis counts as away: it does not answer, or it refuses writes "
+        "(full, MISCONF, read-only).",
+    )
     queue_depth: int | None
     workers_alive: int | None = Field(description="Registered workers; null if Redis is away.")
     workers: list[WorkerOut] | None = Field(description="With an admin key only.")
@@ -89,6 +102,7 @@ def health(
         status=seen.status,
         database=seen.database,
         redis=seen.redis,
+        redis_problem=seen.redis_problem,
         queue_depth=seen.queue_depth,
         workers_alive=len(seen.workers) if seen.redis else None,
         workers=None,
@@ -143,7 +157,9 @@ def _probe(session: Session, request: Request) -> Health:
     r = request.app.state.redis
     depth: int | None = None
     workers: list[WorkerOut] = []
+    problem: str | None = None
     try:
+        r.set(PROBE_KEY, b"1", px=PROBE_TTL_MS)  # reads alone pass while writes are refused
         q = job_queue(r, settings.queue)
         depth = q.count
         found = registered_workers(q)
@@ -157,16 +173,33 @@ def _probe(session: Session, request: Request) -> Health:
                 )
             )
         redis_ok = True
-    except RedisError:  # only that is Redis away; anything else is a fault, and answers 500
+    except RedisError as e:  # only that is Redis away; anything else is a fault, and answers 500
         redis_ok = False
+        problem = redis_problem(e)
+        log.warning("health: Redis is away: %s (%s)", problem, e)
     return Health(
         status="ok" if db_ok and redis_ok else "degraded",
         database=db_ok,
         redis=redis_ok,
+        redis_problem=problem,
         queue_depth=depth,
         workers=sorted(workers, key=lambda w: w.name),
         database_schema=schema,
     )
+
+
+def redis_problem(e: RedisError) -> str:
+    """What a Redis error says of Redis, in words of trainq's own (the error's may name a
+    socket path, and /health needs no key)."""
+    if isinstance(e, (RedisConnectionError, RedisTimeoutError)):
+        return "Redis does not answer"
+    if isinstance(e, OutOfMemoryError):
+        return "Redis is full (maxmemory): it is not writable"
+    if isinstance(e, ReadOnlyError):
+        return "Redis is a read-only replica: it is not writable"
+    if isinstance(e, ResponseError) and str(e).startswith("MISCONF"):
+        return "Redis cannot persist to its disk (MISCONF): it is not writable"
+    return "Redis refused a command"
 
 
 def _registered_versions(r: Redis, workers: list[BaseWorker]) -> list[VersionsOut | None]:

@@ -98,6 +98,28 @@ def test_health_is_503_while_redis_is_away(svc: Service) -> None:
     wait_until(lambda: _health(svc).status_code == 200, 15, "/health to recover")
 
 
+@pytest.mark.slow  # a service of its own: about 8 s
+def test_health_is_503_while_redis_refuses_writes(svc: Service) -> None:
+    """A full Redis (maxmemory, noeviction) answers every read and refuses every write: no
+    job can be submitted or handed back, and a health check must fail."""
+    assert _health(svc).status_code == 200
+    r = svc.redis.client()
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", 1)
+    try:
+        h = wait_until(lambda: (h := _health(svc)).status_code == 503 and h, 15, "a 503")
+        assert h.headers["retry-after"]
+        body = h.json()
+        assert body["status"] == "degraded" and body["redis"] is False
+        assert body["database"] is True
+        assert "not writable" in body["redis_problem"]
+        assert r.ping()  # it answers: only writes are refused
+    finally:
+        r.config_set("maxmemory", 0)
+    h = wait_until(lambda: (h := _health(svc)).status_code == 200 and h, 15, "/health to recover")
+    assert h.json()["redis"] is True and h.json()["redis_problem"] is None
+
+
 def test_a_lost_reply_of_the_enqueue_means_no_job_now_or_later(
     wired: tuple[Service, WireProxy],
 ) -> None:

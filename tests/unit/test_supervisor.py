@@ -12,9 +12,11 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from cli.supervisor import Supervisor, start
 from core.local.lifetime import ParentGone, end_with_parent
 from tests.service import REPO, alive, wait_until
 
@@ -106,3 +108,61 @@ def test_a_child_ends_when_its_parent_is_killed() -> None:
 def test_a_parent_gone_before_the_child_asked_is_seen() -> None:
     with pytest.raises(ParentGone):
         end_with_parent(os.getpid())  # not this process's parent: as if it had died
+
+
+LAUNCHER = """
+import subprocess, sys
+from core.local.lifetime import ends_with_this_process
+# A worker in this process's group: told by this one's death, it hands its job back.
+worker = subprocess.Popen(
+    [sys.executable, "-c", sys.argv[1], sys.argv[2]],
+    stdout=subprocess.PIPE,
+    preexec_fn=ends_with_this_process(),
+)
+assert worker.stdout is not None
+print(worker.stdout.readline().decode().strip(), flush=True)  # its pid, once its handler is in
+"""
+
+HANDS_BACK = """
+import os, signal, sys, time
+def hand_back(_signum, _frame):
+    time.sleep(0.5)  # writing to Redis
+    with open(sys.argv[1], "a") as f:
+        f.write("handed back\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, hand_back)
+print(os.getpid(), flush=True)
+time.sleep(60)
+"""
+
+REDIS = """
+import signal, sys, time
+def stop(_signum, _frame):
+    with open(sys.argv[1], "a") as f:
+        f.write("redis stopped\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open(sys.argv[2], "w").close()
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_what_a_dead_launcher_left_hands_back_before_redis_stops(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    s = Supervisor(grace_s=20)
+    launcher = start("launcher", [sys.executable, "-c", LAUNCHER, HANDS_BACK, str(log)], env)
+    ready = tmp_path / "ready"
+    redis = start("redis", [sys.executable, "-c", REDIS, str(log), str(ready)], env)
+    s.first.append(launcher)
+    s.last.append(redis)
+    try:
+        launcher.proc.wait(timeout=20)  # the launcher has died; its worker runs on
+        wait_until(ready.exists, 20, "the stand-in Redis")
+        s.stop()
+        assert log.read_text().splitlines() == ["handed back", "redis stopped"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.proc.pid, signal.SIGKILL)
+        kill_all([redis.proc.pid])
