@@ -6,9 +6,10 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import sqlite3
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -369,6 +370,12 @@ def allow_time_for(s: Session, nbytes: int) -> None:
     raw.bound_s = statement_bound(timeouts, extra_s)
 
 
+# SQLite's write-ahead log is cut back to this size whenever it starts over after a
+# checkpoint (PRAGMA journal_size_limit); without it the file keeps the size of the largest
+# transaction it ever held (a model, a checkpoint), space a full disk needs back.
+WAL_SIZE_LIMIT_BYTES = 64 * 2**20
+
+
 def make_engine(
     url: str,
     *,
@@ -402,6 +409,7 @@ def make_engine(
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cur.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
         cur.close()
 
     @event.listens_for(engine, "begin")
@@ -412,15 +420,58 @@ def make_engine(
         writer.acquire(conn.info)
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: Any) -> None:
+        if _is_full(context.original_exception) and context.connection is not None:
+            context.connection.info[_DISK_FULL] = True
+
     @event.listens_for(engine, "checkin")
-    def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
+    def _on_checkin(dbapi_conn: Any, record: Any) -> None:
         writer.release(record.info)
+        full = record.info.pop(_DISK_FULL, False)
+        if full and dbapi_conn is not None:  # rolled back by now (checkin follows reset)
+            _empty_wal(dbapi_conn, busy_timeout_s)
 
     @event.listens_for(engine, "invalidate")
     def _on_invalidate(_dbapi_conn: Any, record: Any, _exc: Any) -> None:
         writer.release(record.info)
 
     return engine
+
+
+_DISK_FULL = "disk_full"  # a connection's info: one of its statements found no space left
+
+
+def _is_full(e: BaseException) -> bool:
+    return isinstance(e, sqlite3.OperationalError) and "database or disk is full" in str(e)
+
+
+def _empty_wal(dbapi_conn: Any, busy_timeout_s: float) -> None:
+    """After a write that failed for lack of space (SQLITE_FULL), and once it is rolled back:
+    checkpoint the log and truncate it to nothing, so that the frames the failed write
+    spilled into it give their space back instead of growing the log on every retry. Best
+    effort, and without waiting: a reader still on an older snapshot leaves the log as it
+    is (journal_size_limit cuts it back at a later checkpoint)."""
+    try:
+        cur = dbapi_conn.cursor()
+    except sqlite3.Error:
+        return  # closed already: nothing to checkpoint through it
+    try:
+        cur.execute("PRAGMA busy_timeout=0")
+        busy, frames, done = cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if busy:
+            log.warning(
+                "the database's log could not be emptied after a full disk "
+                "(%d of %d frames checkpointed)",
+                done,
+                frames,
+            )
+    except sqlite3.Error as e:
+        log.warning("emptying the database's log after a full disk failed: %s", e)
+    finally:
+        with suppress(sqlite3.Error):  # else the pool drops the connection on its next error
+            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cur.close()
 
 
 class _WriterLock:
