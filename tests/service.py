@@ -377,13 +377,14 @@ def scratch_service(workers: int = 1, env: dict[str, str] | None = None) -> Iter
 
 @contextlib.contextmanager
 def fresh_service(
-    folder: Path, data_dir: Path, env: dict[str, str] | None = None, *, api: bool = True
+    folder: Path, data_dir: Path | None, env: dict[str, str] | None = None, *, api: bool = True
 ) -> Iterator[Service]:
-    """For cases that break things: a service of their own in `folder` (mnist-sample, a
-    redis-server with AOF, a SQLite file), migrated and with its API up unless `api` is False;
-    workers are started by each case. Taken down afterwards."""
+    """For cases that break things: a service of their own in `folder` (mnist-sample from
+    `data_dir` unless it is None, a redis-server with AOF, a SQLite file), migrated and with
+    its API up unless `api` is False; workers are started by each case. Taken down afterwards."""
     (folder / "data").mkdir()
-    os.symlink(data_dir / "mnist-sample", folder / "data" / "mnist-sample")
+    if data_dir is not None:
+        os.symlink(data_dir / "mnist-sample", folder / "data" / "mnist-sample")
     redis = RedisServer(folder / "redis")
     redis.start()
     service = Service(

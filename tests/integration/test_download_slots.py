@@ -13,29 +13,12 @@ import httpx
 import pytest
 
 from tests.downloads import stalled_download, succeeded_job
-from tests.service import RedisServer, Service, wait_until
+from tests.service import Service, fresh_service, wait_until
 
 
-@contextlib.contextmanager
-def api(tmp_path: Path, env: dict[str, str]) -> Iterator[Service]:
+def api(tmp_path: Path, env: dict[str, str]) -> contextlib.AbstractContextManager[Service]:
     """The API alone, at most two downloads a key, with `env`."""
-    (tmp_path / "data").mkdir()
-    redis = RedisServer(tmp_path / "redis")
-    redis.start()
-    svc = Service(
-        data_dir=tmp_path / "data",
-        database_url=f"sqlite:///{tmp_path / 'trainq.db'}",
-        redis=redis,
-        log_dir=tmp_path,
-        extra_env={"TRAINQ_DOWNLOAD_MAX_PER_KEY": "2"} | env,
-    )
-    try:
-        svc.migrate()
-        svc.start_api()
-        yield svc
-    finally:
-        svc.stop()
-        redis.kill()
+    return fresh_service(tmp_path, None, {"TRAINQ_DOWNLOAD_MAX_PER_KEY": "2"} | env)
 
 
 @pytest.fixture

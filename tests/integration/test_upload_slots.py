@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import zipfile
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,31 +16,14 @@ import numpy as np
 import pytest
 
 from core.owners import owner_id
-from tests.service import RedisServer, Service
+from tests.service import Service, fresh_service
 
 NOT_A_ZIP = b"not a zip: refused (422) once its slot is taken"
 
 
-@contextlib.contextmanager
-def api(tmp_path: Path, env: dict[str, str]) -> Iterator[Service]:
+def api(tmp_path: Path, env: dict[str, str]) -> contextlib.AbstractContextManager[Service]:
     """The API alone, two uploads checked at once, with `env`."""
-    (tmp_path / "data").mkdir()
-    redis = RedisServer(tmp_path / "redis")
-    redis.start()
-    svc = Service(
-        data_dir=tmp_path / "data",
-        database_url=f"sqlite:///{tmp_path / 'trainq.db'}",
-        redis=redis,
-        log_dir=tmp_path,
-        extra_env={"TRAINQ_MAX_PARALLEL_UPLOADS": "2"} | env,
-    )
-    try:
-        svc.migrate()
-        svc.start_api()
-        yield svc
-    finally:
-        svc.stop()
-        redis.kill()
+    return fresh_service(tmp_path, None, {"TRAINQ_MAX_PARALLEL_UPLOADS": "2"} | env)
 
 
 def upload(service: Service, key: str, blob: bytes) -> httpx.Response:
