@@ -12,12 +12,12 @@ from api import errors, observability
 from api.auth import KeyRing, RequireKey
 from api.downloads import download_slots
 from api.events import IDLE_BLOCK_MS, EventHub
+from api.images import DecodeBudget, give_back_large_buffers
 from api.routes import datasets, docs, health, jobs, predict, quotas, sweeps, web
 from api.submissions import Submitter
 from core.config import Settings
 from core.db import Database
-from core.images import DecodeBudget, give_back_large_buffers
-from core.local.redis_server import connect, connect_async
+from core.redis_client import connect, connect_async
 
 MAX_BODY_BYTES = 1 << 20  # a job spec is a few hundred bytes
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]

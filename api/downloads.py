@@ -1,5 +1,5 @@
 """Model downloads in flight. Each is sent from a copy of the model on disk, made in one
-short read of the database (core.store.model_blob), so a client's pace never holds a
+short read of the database (api.model_blob), so a client's pace never holds a
 transaction open; their number is still bounded per key and per API process (each holds a
 copy on disk and a thread while it is made), and a client that stops reading is cut off
 after download_send_timeout_s."""
@@ -15,10 +15,10 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from api.errors import RETRY_AFTER_S
+from api.model_blob import ModelCopy, copy_model
 from api.slots import KeySlots, SlotLimit
 from core.config import Settings
 from core.db import Database
-from core.store.model_blob import ModelCopy, copy_model
 
 log = logging.getLogger("trainq.api")
 
@@ -33,7 +33,7 @@ def download_slots(settings: Settings) -> KeySlots:
 
 
 def staged_model(db: Database, settings: Settings, *, job_id: str, format: str) -> ModelCopy | None:
-    """The model copied out of the database to be sent (core.store.model_blob), into
+    """The model copied out of the database to be sent (api.model_blob), into
     data_dir/downloads, or None if the job has none in `format`. A data directory that
     cannot take the copy (full, read-only) answers 503 with Retry-After."""
     try:
@@ -49,7 +49,7 @@ def staged_model(db: Database, settings: Settings, *, job_id: str, format: str) 
 
 
 class DownloadResponse(Response):
-    """A model's bytes, sent from its copy (core.store.model_blob). Each chunk must be
+    """A model's bytes, sent from its copy (api.model_blob). Each chunk must be
     taken by the client within download_send_timeout_s, or the response is cut: a client
     that stops reading holds its slot and its copy no longer. The slot is released and the
     copy closed however the response ends (sent, cut, the client gone, the server

@@ -16,6 +16,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
+from api.images import DecodeBusy
 from core.errors import (
     DatasetInUse,
     JobActive,
@@ -26,7 +27,6 @@ from core.errors import (
     TrainqError,
 )
 from core.field_errors import readable
-from core.images import DecodeBusy
 
 log = logging.getLogger("trainq.api")
 JSON_HINT = "send a JSON object with Content-Type: application/json"

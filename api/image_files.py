@@ -14,8 +14,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
 from api.body import BODY_SLACK, CappedRequest, refuse_large_file
+from api.images import DecodeBudget, ImageRejected, decode_image
 from api.json_images import invalid, problem
-from core.images import DecodeBudget, ImageRejected, decode_image
 
 if TYPE_CHECKING:
     import torch

@@ -22,7 +22,7 @@ from typing import Any
 
 from bench.api_load import load
 from bench.scale import machine
-from core.local.migrate import upgrade
+from core.schema import upgrade
 from tests.service import RedisServer, Service, postgres_database
 
 

@@ -46,9 +46,9 @@ from sqlalchemy import text, update
 from bench.loadgen import encode_request
 from core.config import Settings
 from core.db import Database, Job
-from core.local.migrate import upgrade
-from core.local.redis_server import connect
 from core.owners import owner_id
+from core.redis_client import connect
+from core.schema import upgrade
 from core.spec import JobSpec, JobStatus
 from core.store import claim_job, create_job, heartbeat, save_epoch
 from core.stream import Publisher, epoch_entry, job_keys, status_entry, step_entries

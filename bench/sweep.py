@@ -51,7 +51,7 @@ from sqlalchemy.orm import Session
 from bench.seed import cpu_description
 from core.config import Settings
 from core.db import Database, EpochMetric, Job, utcnow
-from core.local.migrate import upgrade
+from core.schema import upgrade
 from core.spec import JobStatus
 from core.store.sweeps import set_trial_attrs, trials_of
 from core.sweeps.spec import SweepSpec

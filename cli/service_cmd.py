@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from cli.local.keys import load_or_create_key
 from cli.supervisor import Supervisor, start
 from core.config import Settings
-from core.local.keys import load_or_create_key
 
 log = logging.getLogger("trainq.reconcile")
 
@@ -50,7 +50,7 @@ def _is_loopback(host: str) -> bool:
 def _not_at_head(url: str) -> bool:
     """Whether the database is not at the migrations' head (said on stderr): the API and the
     workers refuse to start on it rather than fail every query."""
-    from core.local.migrate import schema_problem
+    from core.schema import schema_problem
 
     problem = schema_problem(url)
     if problem is not None:
@@ -59,7 +59,7 @@ def _not_at_head(url: str) -> bool:
 
 
 def migrate_command(_: argparse.Namespace) -> int:
-    from core.local.migrate import upgrade
+    from core.schema import upgrade
 
     settings = Settings()
     upgrade(settings.resolved_database_url)
@@ -91,7 +91,7 @@ def _serve(settings: Settings, workers: int = 1) -> int:
     """The API, in `workers` processes behind one port, and one reconciler beside them."""
     import uvicorn
 
-    from core.local.redis_server import redis_url
+    from cli.local.redis_server import redis_url
 
     url = redis_url(settings)
     _reconcile_in_background(settings, url)
@@ -165,8 +165,8 @@ def _reconcile_in_background(settings: Settings, redis_url: str) -> None:
 
 
 def worker_command(args: argparse.Namespace) -> int:
-    from core.local.migrate import schema_problem
-    from core.local.redis_server import redis_url
+    from cli.local.redis_server import redis_url
+    from core.schema import schema_problem
     from worker.launcher import parse_gpus, run_workers
     from worker.reconciler import Reconciler
 
@@ -195,8 +195,8 @@ def worker_command(args: argparse.Namespace) -> int:
 def up_command(args: argparse.Namespace) -> int:
     """Everything on one machine, as children of this process (cli.supervisor): the embedded
     Redis (unless TRAINQ_REDIS_URL names one), the API and the worker launcher."""
-    from core.local.data_dir_lock import DataDirInUse, hold_data_dir
-    from core.local.migrate import upgrade
+    from cli.local.data_dir_lock import DataDirInUse, hold_data_dir
+    from core.schema import upgrade
 
     settings = Settings()
     if args.host:
@@ -218,7 +218,7 @@ def up_command(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace, settings: Settings, supervisor: Supervisor) -> int:
-    from core.local.redis_server import (
+    from cli.local.redis_server import (
         prepare_folder,
         server_command,
         stop_leftover,

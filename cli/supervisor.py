@@ -5,7 +5,7 @@ another, the embedded redis-server, each a child in a process group of its own.
 itself and stops the children in order: the API and the launcher first (SIGTERM, which lets
 the launcher's workers hand their jobs back, then SIGKILL to the group after a grace), Redis
 last, as the jobs handed back are written there. Each child also ends when `up` dies
-without a word (SIGKILL, a crash: core.local.lifetime), and so does each worker when its
+without a word (SIGKILL, a crash: core.lifetime), and so does each worker when its
 launcher does."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import FrameType
 
-from core.local.lifetime import ends_with_this_process
+from core.lifetime import ends_with_this_process
 
 STOP_GRACE_S = 30.0  # a child's time to stop after SIGTERM (a job's hand-back), then SIGKILL
 POLL_S = 0.2
@@ -86,7 +86,7 @@ def stop_together(children: list[Child], grace_s: float) -> None:
     """SIGTERM to each child still running, and to that child itself (a launcher passes it
     on to its workers once: a second one would be RQ's cold shutdown, which kills the horse
     mid hand-back). A child that has already ended (a killed launcher) gets none: what it
-    left in its group (its workers) got SIGTERM from its death (core.local.lifetime), and is
+    left in its group (its workers) got SIGTERM from its death (core.lifetime), and is
     handing its jobs back. Then the wait, up to `grace_s`, until each child's whole process
     group is gone, not the child alone; SIGKILL to any group still there after it. So the
     next groups (Redis) are stopped only once what this one left has handed its jobs back."""

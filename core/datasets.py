@@ -1,6 +1,6 @@
 """User data sets: the canonical form the trainer reads, an .npz of uint8 images
 (N, C, H, W) and int64 labels, train and test, and the checks every upload passes on its way
-there (core.uploads reads the upload forms: an .npz, a zip of one folder of images per
+there (api.uploads reads the upload forms: an .npz, a zip of one folder of images per
 class, or a zip of the four MNIST IDX files).
 
 The limits hold for every form: zip members are counted and sized before anything is

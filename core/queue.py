@@ -5,7 +5,7 @@
 
 The payload is JSON (never pickle), and the queue is an API like HTTP: whoever can write to
 it cannot run code on a GPU host. A worker runs an entry only if `contract_violation`
-(core.queue_entries, with the rest of the worker's reading) finds nothing wrong with it:
+(worker.entry_checks, with the rest of the worker's reading) finds nothing wrong with it:
 
 - the function is exactly `worker.tasks.train`, called without an instance, and the entry
   names no callback (on_success, on_failure, on_stopped), webhook, dependency, RQ retry or

@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
-from core.local.migrate import head_revision
+from core.schema import head_revision
 from core.spec import SPEC_VERSION
 
 FIELDS = ("trainq_version", "spec_version", "schema_revision")  # in a worker's registration

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterator
 
 from core.db import Database
-from core.local.migrate import upgrade
+from core.schema import upgrade
 from core.spec import JobSpec
 from core.store import claim_job, create_job
 

@@ -24,8 +24,8 @@ import pytest
 from redis import Redis
 from sqlalchemy import create_engine, text
 
+from cli.local.redis_server import redis_binary
 from client.http import ApiError, Client
-from core.local.redis_server import redis_binary
 
 REPO = Path(__file__).resolve().parent.parent
 POSTGRES_URL = os.environ.get(

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from core.db import Database, Job
 from core.errors import InvalidSpec, TrainqError, WorkerVersionSkew, field_problems
-from core.local.migrate import database_revision, known_revisions
 from core.queue import VIA_API
+from core.schema import database_revision, known_revisions
 from core.spec import SPEC_VERSION, JobSpec, JobStatus, stored_spec, user_dataset_id
 from core.store import create_job, end_job, get_dataset, get_job, set_queue_entry
 from core.store.deletion import hold_job_id, lock_datasets, was_deleted

@@ -18,7 +18,7 @@ from rq.job import Job, parse_job_id, validate_job_id
 
 import worker.tasks
 from core.queue import FAILURE_TTL_S, MAX_FIELD_BYTES, MAX_PAYLOAD_BYTES, RESULT_TTL_S, TASK
-from core.queue_entries import QueueEntry, UnreadableEntry, inflate, read_entry
+from worker.entry_checks import QueueEntry, UnreadableEntry, inflate, read_entry
 
 log = logging.getLogger("trainq.worker")
 

@@ -48,9 +48,9 @@ from sqlalchemy.orm import Session
 from core.config import Settings
 from core.db import Database, Job
 from core.queue import MAX_OWNER_CHARS, MAX_PAYLOAD_BYTES
-from core.queue_entries import UnreadableEntry, inflate, is_uuid, read_entry
 from core.quotas import in_force, overrides, spans_by_owner, trained_s
 from core.spec import JobStatus, Priority
+from worker.entry_checks import UnreadableEntry, inflate, is_uuid, read_entry
 
 Owner = str | None
 log = logging.getLogger("trainq.worker")
@@ -202,7 +202,7 @@ class Payload:
 
 def read_payload(r: Redis, entry: str) -> Payload | None:
     """A direct entry's owner, priority and enqueue time, read within the worker's bounds
-    (core.queue_entries); None when it cannot be read or breaks the contract's shape."""
+    (worker.entry_checks); None when it cannot be read or breaks the contract's shape."""
     try:
         fields = read_entry(r, RQJob.redis_job_namespace_prefix + entry)
     except UnreadableEntry:

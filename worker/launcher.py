@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from core.local.lifetime import ends_with_this_process
+from core.lifetime import ends_with_this_process
 from core.versions import running_versions
 
 RESTART_FIRST_S = 1.0  # after a worker's failure, doubled each time it fails again
@@ -46,7 +46,7 @@ class Slot:
 @dataclass
 class Orphans:
     """Processes reparented to the launcher: work horses (and their DataLoader workers)
-    whose worker died. Each got SIGTERM from its parent's death (worker.run sets it), so
+    whose worker died. Each got SIGTERM from its parent's death (worker.rq_worker sets it), so
     that its job checkpoints and goes back on the queue; one still running after
     ORPHAN_GRACE_S gets SIGKILL (the reconciler requeues its job as lost)."""
 
@@ -132,7 +132,7 @@ def spawn(slot: Slot, queue: str, redis_url: str, burst: bool) -> None:
     env["CUDA_VISIBLE_DEVICES"] = "" if slot.gpu is None else slot.gpu
     # By environment: a URL may hold a password, and any user of the host reads command lines.
     env["TRAINQ_REDIS_URL"] = redis_url
-    cmd = [sys.executable, "-m", "worker.run", "--name", slot.name, "--queue", queue]
+    cmd = [sys.executable, "-m", "worker.rq_worker", "--name", slot.name, "--queue", queue]
     cmd += ["--burst"] if burst else []
     # A worker whose launcher is gone would go on taking jobs beside its successor's.
     slot.proc = subprocess.Popen(cmd, env=env, preexec_fn=ends_with_this_process())

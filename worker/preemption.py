@@ -9,14 +9,14 @@ from typing import Any
 
 
 class Preemption:
-    """The work horse's SIGTERM, which worker.run sends it on a warm shutdown (docker stop, a
+    """The work horse's SIGTERM, which worker.rq_worker sends it on a warm shutdown (docker stop, a
         spot reclaim, a node drain): the running attempt stops at its next step and hands the
         job back. Outside the step loop (placing the data set, evaluation, export) there may be
         no next step before the launcher's SIGKILL; the heartbeat thread records the request in
         the job row, so that the reconciler counts that loss as a preemption. RQ sets SIGTERM to
         its default (death) in a fresh work horse; this handler holds for the job function's
         run, and the one it replaced comes back after. SIGTERM is held from the horse's fork until
-    this handler is in place (worker.run), so none is lost or fatal before it."""
+    this handler is in place (worker.rq_worker), so none is lost or fatal before it."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -25,7 +25,7 @@ class Preemption:
     def __enter__(self) -> Preemption:
         if threading.current_thread() is threading.main_thread():  # signals need the main one
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            # worker.run holds SIGTERM in a new horse until now: one sent before this handler
+            # worker.rq_worker holds SIGTERM in a new horse until now: one sent before this handler
             # was in place is delivered to it here, and the job is handed back
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         return self

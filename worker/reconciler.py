@@ -31,15 +31,15 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from core.config import Settings
 from core.db import Database, DbTime, Job, as_utc, db_ago
-from core.local.redis_server import connect
 from core.queue import enqueue_job
-from core.queue_entries import entry_is_live, stop_entry
+from core.redis_client import connect
 from core.retention import retention_pass
 from core.spec import JobStatus
 from core.store import end_job, lost_jobs, requeue_job, set_queue_entry, stale_queued_jobs
 from core.store.sweeps import running_sweep_ids
 from core.stream import publish_status
 from core.sweeps.trials import advance
+from worker.entry_checks import entry_is_live, stop_entry
 
 log = logging.getLogger("trainq.reconcile")
 

@@ -11,13 +11,13 @@ from rq import get_current_job
 
 from core.config import Settings
 from core.db import Database
-from core.logs import current_job
 from core.spec import JobSpec
 from core.store import get_job
 from core.sweeps.trials import advance
 from worker.admission import admit
 from worker.attempt import Attempt, claim
 from worker.execution import execute
+from worker.logs import current_job
 from worker.preemption import Preemption
 
 log = logging.getLogger("trainq.worker")
@@ -38,7 +38,7 @@ def train(
     db = Database.from_settings(settings)
     current_job.set(job_id or rq_job.id)
     try:
-        with Preemption() as preemption:  # SIGTERM from worker.run: hand the job back
+        with Preemption() as preemption:  # SIGTERM from worker.rq_worker: hand the job back
             attempt = Attempt(
                 job_id=job_id or rq_job.id,
                 queue_entry=rq_job.id,

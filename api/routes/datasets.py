@@ -17,6 +17,7 @@ from api.body import BODY_SLACK, refuse_large_file
 from api.deps import CallerDep, ReaderDep, SessionDep, SettingsDep
 from api.schemas import DatasetOut, Problem, QuotaProblem
 from api.slots import KeySlots, SlotLimit
+from api.uploads import parse_upload
 from core.config import Settings
 from core.datasets import MAX_UPLOAD_BYTES, ParsedDataset
 from core.db import UserDataset, as_utc
@@ -26,7 +27,6 @@ from core.spec import USER_DATASET_PREFIX
 from core.store import create_dataset, list_datasets
 from core.store.deletion import delete_unused_dataset
 from core.text import PLAIN_PATTERN
-from core.uploads import parse_upload
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 ERRORS: dict[int | str, dict[str, Any]] = {

@@ -29,8 +29,8 @@ from sqlalchemy.orm import Session
 from api.deps import OptionalCallerDep, ReaderDep
 from api.errors import RETRY_AFTER_S
 from api.schemas import Health, VersionsOut, WorkerOut
-from core.local.migrate import database_revision
 from core.queue import job_queue
+from core.schema import database_revision
 from core.versions import FIELDS, Versions, running_versions
 
 log = logging.getLogger("trainq.api")
@@ -203,7 +203,7 @@ def redis_problem(e: RedisError) -> str:
 
 
 def _registered_versions(r: Redis, workers: list[BaseWorker]) -> list[VersionsOut | None]:
-    """The versions each worker registered (worker.run), in one round trip."""
+    """The versions each worker registered (worker.rq_worker), in one round trip."""
     with r.pipeline(transaction=False) as p:
         for w in workers:
             p.hmget(w.key, list(FIELDS))

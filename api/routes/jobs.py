@@ -18,6 +18,7 @@ from api.access import IdPrefix, check_dataset, no_dataset, visible_job, visible
 from api.auth import Caller
 from api.cancels import announce_cancel
 from api.cursors import decode_cursor, encode_cursor
+from api.deletion import delete_job
 from api.deps import AsyncRedisDep, CallerDep, ReaderDep, RedisDep, SessionDep, read
 from api.downloads import DownloadResponse, staged_model
 from api.errors import RETRY_AFTER_S
@@ -44,7 +45,6 @@ from api.slots import KeySlots
 from api.submissions import OutcomeUnknown, Submitter
 from core.config import Settings
 from core.db import Job, as_utc
-from core.deletion import delete_job
 from core.errors import DatasetGone, ModelPurged
 from core.spec import ExportFormat, JobSpec, JobStatus, user_dataset_id
 from core.store import (

@@ -28,6 +28,7 @@ from api.body import BODY_SLACK
 from api.deps import CallerDep, read
 from api.formats import PREDICT_ORDER
 from api.image_files import MAX_FILES, MAX_MULTIPART_BYTES, read_file_images
+from api.images import MAX_SIDE
 from api.inference import PredictOut, classify
 from api.json_images import (
     JSON_BYTES_PER_VALUE,
@@ -38,7 +39,6 @@ from api.json_images import (
 )
 from api.routes.jobs import ERRORS, JobId
 from api.schemas import Problem
-from core.images import MAX_SIDE
 from core.spec import ExportFormat, JobStatus
 from core.store import artifact_sha256s
 

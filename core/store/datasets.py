@@ -14,7 +14,7 @@ from core.db import UserDataset, allow_time_for
 def create_dataset(
     s: Session, *, dataset_id: str, owner: str | None, name: str, parsed: ParsedDataset
 ) -> UserDataset:
-    """The row of an upload that core.uploads checked and made canonical."""
+    """The row of an upload that api.uploads checked and made canonical."""
     ds = UserDataset(
         id=dataset_id,
         owner=owner,

@@ -1,4 +1,4 @@
-"""`python -m tests.faults.paused_horse --name N --queue Q`: worker.run, whose work horse
+"""`python -m tests.faults.paused_horse --name N --queue Q`: worker.rq_worker, whose work horse
 pauses before the job function starts, so that a test can send SIGTERM in the window
 between the fork and the job's own SIGTERM handler (worker.preemption). The horse touches
 the file named by PAUSED_HORSE_MARKER once it is in the pause."""
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import worker.tasks
-from worker.run import main
+from worker.rq_worker import main
 
 PAUSE_S = 3.0
 train = worker.tasks.train

@@ -197,7 +197,7 @@ def test_a_worker_stopped_outside_the_step_loop_then_killed_is_a_preemption(
     svc: Service,
 ) -> None:
     """max_restarts 0. The worker is drained during the evaluation after the job's one step:
-    its work horse gets SIGTERM (as worker.run sends it), and SIGKILL follows before any
+    its work horse gets SIGTERM (as worker.rq_worker sends it), and SIGKILL follows before any
     step could hand the job back. That loss is a preemption, not a restart: the job runs
     again and succeeds."""
     launcher = svc.start_worker()

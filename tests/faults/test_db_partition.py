@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from core.config import Settings
 from core.db import Database
-from core.local.migrate import upgrade
+from core.schema import upgrade
 from tests.service import RedisServer, Service, postgres_database
 from tests.wire import WireProxy
 from worker.retry import DatabaseAway, retry_write

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from core.db import Database
-from core.local.redis_server import READ_TIMEOUT_S
+from core.redis_client import READ_TIMEOUT_S
 from core.store import claim_job
 from core.stream import publish_status, publish_steps
 from core.train import StepMetrics

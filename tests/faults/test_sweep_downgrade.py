@@ -13,7 +13,7 @@ from alembic import command
 from sqlalchemy import text
 
 from core.db import Database, utcnow
-from core.local.migrate import alembic_config, upgrade
+from core.schema import alembic_config, upgrade
 from tests.integration.conftest import database
 
 # What revision 0009's code knows (core.spec.JobStatus before the sweeps commit).

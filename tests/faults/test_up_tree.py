@@ -84,7 +84,7 @@ def test_sigterm_to_up_stops_its_whole_tree(short_data_dir: Path, tmp_path: Path
         tree = sorted({*descendants(up.pid), embedded_redis(short_data_dir)})
         commands = [command_of(p) for p in tree]
         assert any("redis-server" in c for c in commands), commands
-        assert any("worker.run" in c for c in commands), commands
+        assert any("worker.rq_worker" in c for c in commands), commands
         up.send_signal(signal.SIGTERM)
         up.wait(timeout=60)
         wait_until(lambda: not any(alive(p) for p in tree), 30, "the tree to end", 0.1)

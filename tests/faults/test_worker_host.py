@@ -35,14 +35,14 @@ def running(pid: int) -> bool:
 
 
 def workers_of(launcher: int) -> list[int]:
-    """The launcher's `worker.run` children, running (and horses it adopted: forks of one)."""
+    """The launcher's `worker.rq_worker` children, running (and horses it adopted: forks of one)."""
     out = []
     for pid in children(launcher):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"worker.run" in cmd and running(pid):
+        if b"worker.rq_worker" in cmd and running(pid):
             out.append(pid)
     return out
 

@@ -16,7 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from core.db import Database
-from core.local.migrate import upgrade
+from core.schema import upgrade
 from core.spec import JobSpec
 from core.store import claim_job, create_job, get_job, latest_checkpoint, save_epoch
 from core.train import EpochMetrics

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from client.http import Client
-from core.local.migrate import upgrade
 from core.queue import enqueue_job
+from core.schema import upgrade
 from tests.service import REPO, RedisServer, free_port, kill_group, status_of, wait_until
 
 NOT_AT_HEAD = "run `trainq migrate` first"

@@ -22,7 +22,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from core.config import Settings
 from core.db import Database
-from core.local.migrate import upgrade
+from core.schema import upgrade
 from tests.job_life.machine import SILENT_S, JobLife
 from tests.job_life.world import World
 from tests.service import RedisServer, Service

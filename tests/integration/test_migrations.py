@@ -20,8 +20,8 @@ from sqlalchemy import func, inspect, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from core.db import Artifact, AttemptTime, Base, Database, Job, make_engine, utcnow
-from core.local.migrate import alembic_config, schema_problem, upgrade
 from core.quotas import usage
+from core.schema import alembic_config, schema_problem, upgrade
 from tests.integration.conftest import database
 from tests.service import REPO
 

@@ -16,7 +16,7 @@ import pytest
 from redis import Redis
 
 from core.db import Database, utcnow
-from core.local.migrate import upgrade
+from core.schema import upgrade
 from core.spec import JobSpec, JobStatus
 from core.store import claim_job, create_job, end_job, requeue_job
 from core.stream import (

@@ -25,7 +25,7 @@ import core.spec as spec
 fields = {k: (f.annotation, f) for k, f in spec.JobSpec.model_fields.items() if k != "priority"}
 older = pydantic.create_model("JobSpec", __config__=spec.JobSpec.model_config, **fields)
 spec.JobSpec, spec.SPEC_VERSION = older, spec.spec_version(older)
-from worker.run import main
+from worker.rq_worker import main
 main()
 """
 SPEC = {

@@ -12,7 +12,7 @@ from redis import Redis
 
 from core.config import Settings
 from core.db import Database
-from core.queue_entries import entry_is_live
+from worker.entry_checks import entry_is_live
 
 SSE_READ_TIMEOUT_S = 15.0  # above the API's idle block, so its database fallback may answer
 

@@ -1,4 +1,4 @@
-"""Image decoding for predictions and uploads (core/images.py): modes, sizes and refusals,
+"""Image decoding for predictions and uploads (api/images.py): modes, sizes and refusals,
 in process."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import zlib
 import pytest
 from PIL import Image, ImageOps, PngImagePlugin
 
-from core.images import (
+from api.images import (
     MAX_DECODED_BYTES,
     MAX_JPEG_SCANS,
     MAX_PNG_CHUNKS,

@@ -1,4 +1,4 @@
-"""The queue contract (core.queue_entries.contract_violation) on payloads as RQ's JSON serializer
+"""The queue contract (worker.entry_checks.contract_violation) on payloads as RQ's JSON serializer
 writes them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from rq.serializers import JSONSerializer
 
 from core.queue import MAX_PAYLOAD_BYTES, TASK
-from core.queue_entries import QueueEntry, contract_violation, inflate
+from worker.entry_checks import QueueEntry, contract_violation, inflate
 
 JOB = str(uuid.uuid4())
 

@@ -1,7 +1,7 @@
 """`trainq up`'s supervisor (cli.supervisor) over real processes: each stop signal stops
 every child, the last group after the first, one that ignores SIGTERM by SIGKILL after its
 grace; a child that ends unexpectedly stops the rest; and a child started to end with its
-parent does when the parent is killed (core.local.lifetime)."""
+parent does when the parent is killed (core.lifetime)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cli.supervisor import Supervisor, start
-from core.local.lifetime import ParentGone, end_with_parent
+from core.lifetime import ParentGone, end_with_parent
 from tests.service import REPO, alive, wait_until
 
 SUPERVISED = """
@@ -39,7 +39,7 @@ sys.exit(code)
 
 ENDS_WITH_PARENT = """
 import subprocess
-from core.local.lifetime import ends_with_this_process
+from core.lifetime import ends_with_this_process
 child = subprocess.Popen(["sleep", "60"], preexec_fn=ends_with_this_process())
 print(child.pid, flush=True)
 child.wait()
@@ -112,7 +112,7 @@ def test_a_parent_gone_before_the_child_asked_is_seen() -> None:
 
 LAUNCHER = """
 import subprocess, sys
-from core.local.lifetime import ends_with_this_process
+from core.lifetime import ends_with_this_process
 # A worker in this process's group: told by this one's death, it hands its job back.
 worker = subprocess.Popen(
     [sys.executable, "-c", sys.argv[1], sys.argv[2]],

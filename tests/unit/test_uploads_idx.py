@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from api.uploads import parse_upload
 from core.errors import DatasetTooLarge, InvalidDataset
 from core.train.data import IDX_FILES, load_dataset
-from core.uploads import parse_upload
 from tests.uploads import place, zip_bytes
 
 

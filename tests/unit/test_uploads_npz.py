@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from api.uploads import parse_upload
 from core.errors import DatasetTooLarge, InvalidDataset
 from core.train.data import load_dataset
-from core.uploads import parse_upload
 from tests.uploads import npz_bytes, place, zip_bytes
 
 

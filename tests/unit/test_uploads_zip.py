@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from PIL import Image, PngImagePlugin
 
-from core import datasets, uploads
+from api import uploads
+from api.images import MAX_JPEG_SCANS, MAX_PNG_CHUNKS
+from api.uploads import parse_upload
+from core import datasets
 from core.errors import DatasetTooLarge, InvalidDataset
-from core.images import MAX_JPEG_SCANS, MAX_PNG_CHUNKS
 from core.train.data import load_dataset
-from core.uploads import parse_upload
 from tests.uploads import (
     image,
     many_chunks_png,

@@ -11,12 +11,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from api.uploads import parse_upload
 from core.errors import DatasetNotFound
 from core.spec import JobSpec
 from core.train import train
 from core.train.data import load_dataset
 from core.train.verify_export import load_torchscript
-from core.uploads import parse_upload
 from tests.uploads import npz_bytes, place
 
 

@@ -161,7 +161,7 @@ def worker_name(svc: Service, r: Redis) -> str:
 def test_the_command_channel_hears_only_trainqs_stop(
     svc: Service, r: Redis, messages: list[bytes]
 ) -> None:
-    from core.queue_entries import stop_entry
+    from worker.entry_checks import stop_entry
 
     worker, channel, c = rq_worker_pid(svc), f"rq:pubsub:{worker_name(svc, r)}", svc.client()
     job_id = str(c.submit({**SPEC, "epochs": 50, "max_steps": None, "max_restarts": 0})["id"])

@@ -229,7 +229,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-# A worker running an entry beats every 5 s (worker.run's job_monitoring_interval): four
+# A worker running an entry beats every 5 s (worker.rq_worker's job_monitoring_interval): four
 # beats missed and it is gone. Judged by Redis's clock against the worker's stamps, so a
 # worker host far off may have its live entry's job re-enqueued early; that is safe (only
 # one claim of a queued job wins).

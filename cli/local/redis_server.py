@@ -11,16 +11,13 @@ import time
 from pathlib import Path
 
 from redis import Redis
-from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from core.config import Settings
+from core.redis_client import READ_TIMEOUT_S
 
 # Every client trainq makes has these, so that a partition (a peer that neither answers nor
 # refuses) costs a command seconds and a clear error, never the kernel's ~15 minutes.
-CONNECT_TIMEOUT_S = 5.0
-READ_TIMEOUT_S = 5.0  # a command of ours answers in milliseconds
-HEALTH_CHECK_INTERVAL_S = 30  # an idle connection is pinged before it is used again
 
 
 def redis_binary() -> str:
@@ -145,29 +142,3 @@ def redis_url(settings: Settings) -> str:
     if settings.redis_url:
         return settings.redis_url
     return start_embedded(settings.data_dir)[0]
-
-
-def connect(url: str) -> Redis:
-    return Redis.from_url(
-        url,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_timeout=READ_TIMEOUT_S,
-        health_check_interval=HEALTH_CHECK_INTERVAL_S,
-    )
-
-
-def connect_async(url: str, *, longest_block_s: float) -> AsyncRedis:
-    """The asyncio client; its commands may block for `longest_block_s` (XREAD BLOCK), so
-    its read timeout is that much longer."""
-    return AsyncRedis.from_url(
-        url,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_timeout=longest_block_s + READ_TIMEOUT_S,
-        health_check_interval=HEALTH_CHECK_INTERVAL_S,
-    )
-
-
-def use_read_timeout(r: Redis, seconds: float) -> None:
-    """The read timeout of the connections `r` makes from now on. After a fork the pool
-    makes new connections, so a forked child can set its own."""
-    r.connection_pool.connection_kwargs["socket_timeout"] = seconds

@@ -37,10 +37,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from core.config import Settings
 from core.db import Database
-from core.local.lifetime import ParentGone, end_with_parent
-from core.local.redis_server import READ_TIMEOUT_S, connect, use_read_timeout
-from core.logs import configure_json_logging
-from core.queue_entries import contract_violation
+from core.lifetime import ParentGone, end_with_parent
+from core.redis_client import READ_TIMEOUT_S, connect, use_read_timeout
 from core.versions import running_versions
 
 # worker.entries imports the job function and all it imports: ready in each fork.
@@ -52,7 +50,9 @@ from worker.entries import (
     id_problem,
     queue_entry,
 )
+from worker.entry_checks import contract_violation
 from worker.fair_share import FairShare
+from worker.logs import configure_json_logging
 
 log = logging.getLogger("trainq.worker")
 
@@ -160,8 +160,8 @@ class TrainqWorker(Worker):
 
     def handle_payload(self, message: dict[str, Any]) -> None:
         """RQ's command channel takes anyone's message who can write to Redis. Only
-        `stop-job` is heard, the one command trainq sends (core.queue_entries.stop_entry, naming the
-        entry this worker runs): `shutdown` and `kill-horse` would stop any job or worker
+        `stop-job` is heard, the one command trainq sends (worker.entry_checks.stop_entry,
+        naming the entry this worker runs): `shutdown` and `kill-horse` would stop any job or worker
         without the database knowing why. Nothing here raises: an exception ends RQ's
         command thread for good, and stop-job with it."""
         data = message.get("data")

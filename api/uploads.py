@@ -23,6 +23,7 @@ from typing import IO, Any
 import numpy as np
 from PIL import Image
 
+from api.images import GRAY_MODES, ImageRejected, decoded_bytes, open_image, to_channels
 from core.datasets import (
     I64,
     IDX_NAMES,
@@ -45,7 +46,6 @@ from core.datasets import (
     stratified_split,
 )
 from core.errors import DatasetTooLarge, InvalidDataset
-from core.images import GRAY_MODES, ImageRejected, decoded_bytes, open_image, to_channels
 from core.text import PLAIN_MESSAGE, is_plain
 
 MAX_CLASS_NAME = 200  # characters, as a data set's name
