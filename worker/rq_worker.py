@@ -3,7 +3,8 @@
 Started by `trainq worker`; the launcher sets CUDA_VISIBLE_DEVICES before this process
 starts. torch and the job function's whole import tree are loaded here, before the worker
 forks a work horse per job, so each job starts in milliseconds. CUDA itself is first
-touched inside the work horse, never here (a CUDA context does not survive fork)."""
+touched inside the work horse, never here (a CUDA context does not survive fork).
+See docs/operations.md."""
 
 from __future__ import annotations
 
@@ -14,16 +15,12 @@ import json
 import logging
 import os
 import signal
-import sys
 import time
-from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 import onnxscript  # noqa: F401  (the ONNX exporter's: a second of each job's export)
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
 import torchvision  # noqa: F401
-from redis import Redis
 from redis.exceptions import RedisError
 from rq import Queue, Worker, worker_registration
 from rq.command import handle_stop_job_command
@@ -53,11 +50,10 @@ from worker.entries import (
 from worker.entry_checks import contract_violation
 from worker.fair_share import FairShare
 from worker.logs import configure_json_logging
+from worker.work_loop import RETRY_FIRST_S, RETRY_MAX_S, asked_to_stop, exit_at_once, serve
 
 log = logging.getLogger("trainq.worker")
 
-RETRY_FIRST_S = 1.0  # Redis away: the first wait before trying again, doubled each time
-RETRY_MAX_S = 15.0
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}  # RQ's warm shutdown
 FAIR_POLL_S = 1  # fair share: how often an idle worker looks again at a queue it cannot take from
 
@@ -309,65 +305,6 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def wait_for_redis(r: Redis) -> None:
-    """Returns once Redis answers PING, trying again with back-off (1 s doubling to 15 s)."""
-    delay = RETRY_FIRST_S
-    while True:
-        try:
-            r.ping()
-            return
-        except RedisError as e:
-            log.warning("Redis does not answer (%s); trying again in %.0f s", e, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_S)
-
-
-def _exit_cleanly(_signum: int, _frame: FrameType | None) -> None:
-    raise SystemExit(0)
-
-
-def asked_to_stop(worker: TrainqWorker) -> bool:
-    """SIGINT/SIGTERM reached RQ's handler (warm shutdown), busy or idle."""
-    return bool(worker._stop_requested or worker._shutdown_requested_date is not None)
-
-
-def serve(make_worker: Callable[[], TrainqWorker], r: Redis, *, burst: bool) -> None:
-    """RQ's work loop, started again after Redis failed it (refused, away, full), so that an
-    outage costs latency, not the process: RQ quits its loop on any error, and a worker that
-    exited would make the launcher restart it over and over. Each run is a fresh RQ worker
-    under a fresh name: the last one's key may outlive it (its death went unrecorded)."""
-    delay = RETRY_FIRST_S
-    while True:
-        wait_for_redis(r)
-        try:
-            worker = make_worker()  # RQ names its connection here: Redis may be gone again
-        except RedisError as e:
-            log.warning("Redis failed the worker's start (%s); trying again", e)
-            time.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_S)
-            continue
-        began = time.monotonic()
-        failed = False
-        try:
-            worker.work(burst=burst, logging_level="INFO", with_scheduler=False)
-        except RedisError as e:
-            failed = True
-            log.warning("the worker loop ended: Redis failed it (%s)", e)
-        finally:
-            # RQ's handlers outlive work(); between runs a signal simply ends the process.
-            signal.signal(signal.SIGTERM, _exit_cleanly)
-            signal.signal(signal.SIGINT, _exit_cleanly)
-        if asked_to_stop(worker) or (burst and not failed):
-            return
-        with contextlib.suppress(RedisError):
-            worker.register_death()  # best effort: health counts this run's key otherwise
-        if time.monotonic() - began > 4 * RETRY_MAX_S:
-            delay = RETRY_FIRST_S  # it ran a good while: this is a new outage
-        log.warning("the worker loop ended on an error; starting it again in %.0f s", delay)
-        time.sleep(delay)
-        delay = min(delay * 2, RETRY_MAX_S)
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--name", required=True, help="host and GPU; the process id is appended")
@@ -404,16 +341,6 @@ def main() -> None:
 
     serve(make_worker, r, burst=args.burst)
     exit_at_once()
-
-
-def exit_at_once() -> None:
-    """Ends the process without the interpreter's teardown: freeing the heap of torch and
-    its exporters takes seconds, and a stopping host's grace (docker stop: 10 s) is short.
-    The worker has nothing left to tidy; its log is flushed first."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,92 @@
+"""A worker process's loop: RQ's work loop started again whenever Redis fails it (refused,
+away, full), so that an outage costs latency, not the process; and the process's quick
+exit. See docs/operations.md."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from types import FrameType
+
+from redis import Redis
+from redis.exceptions import RedisError
+from rq import Worker
+
+log = logging.getLogger("trainq.worker")
+
+RETRY_FIRST_S = 1.0  # Redis away: the first wait before trying again, doubled each time
+RETRY_MAX_S = 15.0
+
+
+def wait_for_redis(r: Redis) -> None:
+    """Returns once Redis answers PING, trying again with back-off (1 s doubling to 15 s)."""
+    delay = RETRY_FIRST_S
+    while True:
+        try:
+            r.ping()
+            return
+        except RedisError as e:
+            log.warning("Redis does not answer (%s); trying again in %.0f s", e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+
+def _exit_cleanly(_signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def asked_to_stop(worker: Worker) -> bool:
+    """SIGINT/SIGTERM reached RQ's handler (warm shutdown), busy or idle."""
+    return bool(worker._stop_requested or worker._shutdown_requested_date is not None)
+
+
+def serve(make_worker: Callable[[], Worker], r: Redis, *, burst: bool) -> None:
+    """RQ's work loop, started again after Redis failed it (refused, away, full), so that an
+    outage costs latency, not the process: RQ quits its loop on any error, and a worker that
+    exited would make the launcher restart it over and over. Each run is a fresh RQ worker
+    under a fresh name: the last one's key may outlive it (its death went unrecorded)."""
+    delay = RETRY_FIRST_S
+    while True:
+        wait_for_redis(r)
+        try:
+            worker = make_worker()  # RQ names its connection here: Redis may be gone again
+        except RedisError as e:
+            log.warning("Redis failed the worker's start (%s); trying again", e)
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+            continue
+        began = time.monotonic()
+        failed = False
+        try:
+            worker.work(burst=burst, logging_level="INFO", with_scheduler=False)
+        except RedisError as e:
+            failed = True
+            log.warning("the worker loop ended: Redis failed it (%s)", e)
+        finally:
+            # RQ's handlers outlive work(); between runs a signal simply ends the process.
+            signal.signal(signal.SIGTERM, _exit_cleanly)
+            signal.signal(signal.SIGINT, _exit_cleanly)
+        if asked_to_stop(worker) or (burst and not failed):
+            return
+        with contextlib.suppress(RedisError):
+            worker.register_death()  # best effort: health counts this run's key otherwise
+        if time.monotonic() - began > 4 * RETRY_MAX_S:
+            delay = RETRY_FIRST_S  # it ran a good while: this is a new outage
+        log.warning("the worker loop ended on an error; starting it again in %.0f s", delay)
+        time.sleep(delay)
+        delay = min(delay * 2, RETRY_MAX_S)
+
+
+def exit_at_once() -> None:
+    """Ends the process without the interpreter's teardown: freeing the heap of torch and
+    its exporters takes seconds, and a stopping host's grace (docker stop: 10 s) is short.
+    The worker has nothing left to tidy; its log is flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
