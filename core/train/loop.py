@@ -1,7 +1,8 @@
 """The training loop: one mixed-precision path, no host sync per step, callbacks out.
 
 `train` reads as the run: load the data and build the run (or restore it from a
-checkpoint), train epoch after epoch until the spec says stop, then export and verify."""
+checkpoint), train epoch after epoch until the spec says stop, then export and verify.
+See docs/performance.md."""
 
 from __future__ import annotations
 
@@ -57,12 +58,7 @@ def train(
     dev = resolve_device(device)
     started = time.perf_counter()
     run, start_epoch, step = _start(spec, dev, data_dir, cb, resume, download)
-    limits = Limits(
-        total_steps=_total_steps(spec, len(run.batches)),
-        deadline=None if spec.max_duration_s is None else started + spec.max_duration_s,
-        flush_steps=flush_steps,
-        flush_seconds=flush_seconds,
-    )
+    limits = _limits(spec, len(run.batches), started, flush_steps, flush_seconds)
     if cb.on_start:
         cb.on_start(_run_info(run, limits, step))
     done = [m for m in history if m.epoch < start_epoch]  # what the checkpoint's run finished
@@ -110,6 +106,18 @@ def _start(
         start_epoch, step = (1, 0) if resume is None else run.load_checkpoint(resume)
         progress()
     return run, start_epoch, step
+
+
+def _limits(
+    spec: JobSpec, steps_per_epoch: int, started: float, flush_steps: int, flush_seconds: float
+) -> Limits:
+    """When the run stops (its steps, its deadline) and how often it reports its steps."""
+    return Limits(
+        total_steps=_total_steps(spec, steps_per_epoch),
+        deadline=None if spec.max_duration_s is None else started + spec.max_duration_s,
+        flush_steps=flush_steps,
+        flush_seconds=flush_seconds,
+    )
 
 
 def _total_steps(spec: JobSpec, steps_per_epoch: int) -> int:
