@@ -137,12 +137,7 @@ class Client:
             params["sweep_id"] = sweep_id
         if id_prefix:
             params["id_prefix"] = id_prefix
-        while True:
-            page = self._object(self.http.get("/jobs", params=params))
-            yield from page["items"]
-            if not page["next"]:
-                return
-            params["cursor"] = page["next"]
+        return self._pages("/jobs", params)
 
     def metrics(self, job_id: str, after: int = 0, limit: int = 1000) -> dict[str, Any]:
         return self._object(
@@ -197,12 +192,16 @@ class Client:
         params: dict[str, Any] = {"limit": limit}
         if id_prefix:
             params["id_prefix"] = id_prefix
+        return self._pages("/sweeps", params)
+
+    def _pages(self, path: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Every item of a listing, page after page, following its cursors."""
         while True:
-            page = self._object(self.http.get("/sweeps", params=params))
+            page = self._object(self.http.get(path, params=params))
             yield from page["items"]
             if not page["next"]:
                 return
-            params["cursor"] = page["next"]
+            params = {**params, "cursor": page["next"]}
 
     def cancel_sweep(self, sweep_id: str) -> dict[str, Any]:
         return self._object(self.http.post(f"/sweeps/{sweep_id}/cancel"))
