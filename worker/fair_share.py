@@ -1,58 +1,35 @@
-"""Fair share: which waiting entry a free worker takes off the queue.
-
-The one RQ queue stays the carrier (core.queue's contract is unchanged); only the order in
-which workers take its entries changes. A free worker, holding a short lock that all
-workers of the queue share, reads what waits (the queue list) and what is taken but not yet
-ended (RQ's intermediate list and started registry, and the running rows), and takes:
-
-1. first, any entry that cannot compete: junk, or one whose row no longer waits under it
-   (ended, running elsewhere, re-enqueued under another entry). The worker's usual path
-   drops, refuses or skips it at once, as it always did;
-2. then the entries of the owner with the fewest jobs running (ties: the owner whose last
-   take is oldest, then the one whose oldest waiting job is oldest), leaving out owners at
-   their `max_running`; within an owner, `jobs.priority` (high first), then age.
-
-A job has a row (the API's, or the reconciler's) or is an entry that another service put
-straight onto the queue: that one competes as its payload's owner, with its spec's
-priority, until the work horse gives it its row. Admin jobs (owner None) are one more owner.
-
-The take is one Redis script, LREM from the queue and RPUSH onto RQ's intermediate list,
-so two workers never take the same entry, and a worker killed after it is in the state RQ's
-own dequeue (BLMOVE) leaves: the entry sits in the intermediate list. RQ's clean-up would
-fail it only ten to twenty minutes later (two of its maintenance passes), and all that time
-it would count as running for its owner, whose slot it holds. So each take is also recorded
-with its time, and a take that no work horse started within TAKE_GRACE_MS (its taker
-killed, or the take's reply lost on the wire) goes back to the head of the queue at the next
-choice. Should its taker start it after all, the job's claim lets one attempt run."""
+"""Fair share: which waiting entry a free worker takes off the one RQ queue, in the order of
+worker.fair_share_order, taken in one Redis script under a lock all the queue's workers
+share; a take no work horse started within TAKE_GRACE_MS goes back to the queue's head.
+See docs/quotas.md."""
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import logging
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Literal
 
 from redis import Redis
 from rq import Queue
-from rq.job import Job as RQJob
-from rq.utils import utcparse
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.config import Settings
-from core.db import Database, Job
-from core.queue import MAX_OWNER_CHARS, MAX_PAYLOAD_BYTES
+from core.db import Database
 from core.quotas import in_force, overrides, spans_by_owner, trained_s
-from core.spec import JobStatus, Priority
-from worker.entry_checks import UnreadableEntry, inflate, is_uuid, read_entry
+from worker.fair_share_order import Owner, Shares, Waiting, fair_order
+from worker.fair_share_reads import (
+    Payload,
+    Row,
+    job_id_of,
+    job_rows,
+    read_payload,
+    running_jobs,
+    waits_under,
+)
 
-Owner = str | None
 log = logging.getLogger("trainq.worker")
 LOCK_TTL_MS = 10_000  # far above one choice (a few reads); a dead holder frees it this soon
 LOCK_WAIT_S = 0.02
@@ -60,7 +37,6 @@ LOCK_LOST = -1  # the take script's answer when this worker no longer holds the 
 TURNS_TTL_MS = 24 * 3600 * 1000  # owners' last turns: forgotten after a day without a take
 ADMINS = ""  # the admins' field in the turns hash: no owner id is empty (core.queue)
 TAKE_GRACE_MS = 30_000  # a take starts within a second (a fork); past this its taker is gone
-ROWS_PER_QUERY = 500  # ids in one IN (...): within SQLite's bound on parameters
 # Direct entries' payloads, read once each: an entry's hash does not change while it waits,
 # and a queue of thousands of direct entries would otherwise cost a script call for each,
 # at every choice, under the lock.
@@ -111,128 +87,6 @@ return 0
 """
 
 
-@dataclass(frozen=True)
-class Waiting:
-    """An entry on the queue that competes for a worker."""
-
-    entry: str
-    owner: Owner
-    priority: int  # core.spec.Priority.rank: higher goes first within the owner
-    since: dt.datetime  # the job's creation (a direct entry's enqueue), in UTC
-
-
-@dataclass(frozen=True)
-class Shares:
-    """What each owner runs now (job ids), may run at once (None: no limit), and when a
-    worker last took one of its jobs (a number that grows with each take; 0: never); and the
-    owners whose training hours of the trailing day are used up (none of theirs starts until
-    some age out)."""
-
-    running: Mapping[Owner, frozenset[str]]
-    max_running: Mapping[Owner, int | None]
-    last_turn: Mapping[Owner, int]
-    out_of_hours: frozenset[Owner] = frozenset()  # at max_train_hours_per_day
-
-    def count(self, owner: Owner) -> int:
-        return len(self.running.get(owner, ()))
-
-    def at_limit(self, owner: Owner) -> bool:
-        if owner in self.out_of_hours:
-            return True
-        limit = self.max_running.get(owner)
-        return limit is not None and self.count(owner) >= limit
-
-
-def fair_order(waiting: Iterable[Waiting], shares: Shares) -> list[Waiting]:
-    """The entries a free worker should try, best first: owners by fewest running, then by
-    whose turn came longest ago, then by their oldest waiting job; an owner's own by
-    priority, then age. Owners at their limit are left out: their jobs wait.
-
-    The turn matters where running counts tie, which on a busy pool is every time a worker
-    frees up: by the oldest job alone, the owner with a long backlog would win every tie,
-    and one worker would serve its owners first in, first out."""
-    by_owner: dict[Owner, list[Waiting]] = defaultdict(list)
-    for w in waiting:
-        by_owner[w.owner].append(w)
-    owners = [o for o in by_owner if not shares.at_limit(o)]
-    owners.sort(
-        key=lambda o: (
-            shares.count(o),
-            shares.last_turn.get(o, 0),
-            min(w.since for w in by_owner[o]),
-        )
-    )
-    return [
-        w
-        for o in owners
-        for w in sorted(by_owner[o], key=lambda w: (-w.priority, w.since, w.entry))
-    ]
-
-
-class Row(NamedTuple):
-    id: str
-    owner: Owner
-    status: str
-    queue_entry: str | None
-    priority: int
-    created_at: dt.datetime
-
-
-def job_id_of(entry: bytes) -> str | None:
-    """The trainq job an entry id names by the contract (`<uuid>` or `<uuid>-<suffix>`), or
-    None for an id that names none (the worker's usual path drops or refuses it)."""
-    try:
-        text = entry.decode()
-    except UnicodeDecodeError:
-        return None
-    head = text[:36]
-    if is_uuid(head) and (len(text) == 36 or text[36] == "-"):
-        return head
-    return None
-
-
-@dataclass(frozen=True)
-class Payload:
-    """The little of a direct entry that fair share reads: whose it is, and its priority."""
-
-    owner: Owner
-    priority: int
-    since: dt.datetime
-
-
-def read_payload(r: Redis, entry: str) -> Payload | None:
-    """A direct entry's owner, priority and enqueue time, read within the worker's bounds
-    (worker.entry_checks); None when it cannot be read or breaks the contract's shape."""
-    try:
-        fields = read_entry(r, RQJob.redis_job_namespace_prefix + entry)
-    except UnreadableEntry:
-        return None
-    try:
-        _, _, _, kwargs = json.loads(inflate(fields.get(b"data", b""), MAX_PAYLOAD_BYTES))
-    except (ValueError, TypeError, RecursionError):
-        return None
-    if not isinstance(kwargs, dict) or not isinstance(kwargs.get("spec"), dict):
-        return None
-    owner = kwargs.get("owner")
-    if owner is not None and not (isinstance(owner, str) and 1 <= len(owner) <= MAX_OWNER_CHARS):
-        return None
-    return Payload(owner, _rank(kwargs["spec"].get("priority")), _enqueued_at(fields))
-
-
-def _rank(value: Any) -> int:
-    try:
-        return Priority(value).rank if value is not None else Priority.normal.rank
-    except ValueError:
-        return Priority.normal.rank  # the admission refuses the spec; it competes as normal
-
-
-def _enqueued_at(fields: Mapping[bytes, bytes]) -> dt.datetime:
-    try:
-        return utcparse(fields[b"enqueued_at"].decode())
-    except (KeyError, UnicodeDecodeError, ValueError):
-        return dt.datetime.now(dt.UTC)
-
-
 def _turn(raw: bytes | str | None) -> int:
     """An owner's last turn; 0 (never) for none, or for what no take wrote."""
     try:
@@ -241,12 +95,8 @@ def _turn(raw: bytes | str | None) -> int:
         return 0
 
 
-def _utc(t: dt.datetime) -> dt.datetime:
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
-
-
 class FairShare:
-    """The choice of a free worker of one queue (see the module's docstring)."""
+    """The choice of a free worker of one queue (docs/quotas.md)."""
 
     def __init__(self, r: Redis, db: Database, settings: Settings, queue: Queue) -> None:
         self.r, self.db, self.settings, self.queue = r, db, settings, queue
@@ -287,7 +137,7 @@ class FairShare:
 
     def return_stranded(self) -> list[bytes]:
         """Takes that no work horse started within TAKE_GRACE_MS, put back at the queue's
-        head (see the module's docstring); records of takes that started, forgotten."""
+        head (a killed taker's: docs/quotas.md); records of takes that started, forgotten."""
         recorded: list[bytes] = self.r.hkeys(self.takes_key)  # type: ignore[assignment]
         if not recorded:
             return []
@@ -314,8 +164,8 @@ class FairShare:
         )
         ids = {e: job_id_of(e) for e in [*listed, *taken]}
         with self.db.reader() as s:
-            rows = _rows(s, {i for i in ids.values() if i is not None})
-            running = _running(s)
+            rows = job_rows(s, {i for i in ids.values() if i is not None})
+            running = running_jobs(s)
             self._count_taken(running, taken, ids, rows)  # first: they always count
             first, waiting = self._waiting(listed, ids, rows)
             owners = {w.owner for w in waiting}
@@ -394,8 +244,8 @@ class FairShare:
                     first.append(raw)
                 else:
                     waiting.append(Waiting(entry, payload.owner, payload.priority, payload.since))
-            elif _waits_under(row, entry):
-                waiting.append(Waiting(entry, row.owner, row.priority, _utc(row.created_at)))
+            elif waits_under(row, entry):
+                waiting.append(Waiting(entry, row.owner, row.priority, row.created_at))
             else:
                 first.append(raw)
         return first, waiting
@@ -415,7 +265,7 @@ class FairShare:
                 continue
             row = rows.get(job_id)
             if row is not None:
-                if _waits_under(row, raw.decode()):
+                if waits_under(row, raw.decode()):
                     running[row.owner].add(job_id)
                 continue
             payload = self._payload(raw.decode())
@@ -447,32 +297,3 @@ class FairShare:
 
 def _unique(items: Iterable[bytes]) -> list[bytes]:
     return list(dict.fromkeys(items))
-
-
-def _waits_under(row: Row, entry: str) -> bool:
-    """Whether the row is queued and this entry is the one its claim accepts
-    (core.store.claim_job)."""
-    if row.status != JobStatus.queued:
-        return False
-    return row.queue_entry == entry or (row.queue_entry is None and entry == row.id)
-
-
-def _rows(s: Session, job_ids: set[str]) -> dict[str, Row]:
-    ordered = sorted(job_ids)
-    out: dict[str, Row] = {}
-    for i in range(0, len(ordered), ROWS_PER_QUERY):
-        chunk = ordered[i : i + ROWS_PER_QUERY]
-        q = select(
-            Job.id, Job.owner, Job.status, Job.queue_entry, Job.priority, Job.created_at
-        ).where(Job.id.in_(chunk))
-        out.update((row.id, Row(*row)) for row in s.execute(q))
-    return out
-
-
-def _running(s: Session) -> dict[Owner, set[str]]:
-    running: dict[Owner, set[str]] = defaultdict(set)
-    for job_id, owner in s.execute(
-        select(Job.id, Job.owner).where(Job.status == JobStatus.running)
-    ):
-        running[owner].add(job_id)
-    return running

@@ -1,4 +1,4 @@
-"""PostgreSQL's statement bound (core.postgres): a statement past it is stopped by the server,
+"""PostgreSQL's statement bound (core.db.postgres): a statement past it is stopped by the server,
 and a transaction that moves a large value is given time in proportion to its size."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from sqlalchemy import event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-import core.db
+import core.db.sqlite
 from core.db import Database
 from worker.retry import DatabaseAway, retry_write
 
@@ -52,7 +52,7 @@ def test_journal_size_limit_is_set_on_every_connection(tmp_path: Path) -> None:
     try:
         with db.reader() as s:
             limit = s.execute(text("PRAGMA journal_size_limit")).scalar_one()
-        assert limit == core.db.WAL_SIZE_LIMIT_BYTES
+        assert limit == core.db.sqlite.WAL_SIZE_LIMIT_BYTES
         assert limit > 0
     finally:
         db.dispose()
@@ -61,7 +61,7 @@ def test_journal_size_limit_is_set_on_every_connection(tmp_path: Path) -> None:
 def test_wal_is_cut_back_after_a_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pinned: sqlite3.Connection
 ) -> None:
-    monkeypatch.setattr(core.db, "WAL_SIZE_LIMIT_BYTES", 1 * 2**20)
+    monkeypatch.setattr(core.db.sqlite, "WAL_SIZE_LIMIT_BYTES", 1 * 2**20)
     db, wal = _database(tmp_path)
     try:
         _insert(db, 8 * 2**20)  # one transaction of 8 MiB: the log grows to hold it

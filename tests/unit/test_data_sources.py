@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from core import data_sources
-from core.data_sources import SOURCES, file_problems, install, raw_folder, read_pinned_members
+from core.data_archives import read_pinned_members
+from core.data_sources import SOURCES, file_problems, install, raw_folder
 from core.errors import DataFetchFailed, DatasetNotFound
 from core.spec import JobSpec
 from core.train import train

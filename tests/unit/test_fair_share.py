@@ -1,10 +1,11 @@
-"""The order a free worker tries waiting entries in (worker.fair_share.fair_order)."""
+"""The order a free worker tries waiting entries in (worker.fair_share_order.fair_order)."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from worker.fair_share import Shares, Waiting, fair_order, job_id_of
+from worker.fair_share_order import Shares, Waiting, fair_order
+from worker.fair_share_reads import job_id_of
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 

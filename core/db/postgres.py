@@ -1,20 +1,5 @@
-"""PostgreSQL engines whose every wait has a bound, so that a server that stops answering
-(a partition: the peer neither answers nor refuses) costs a request seconds, not forever.
-
-- connecting: `connect_timeout`;
-- a statement the server runs: `statement_timeout`, which the server enforces itself;
-- a statement the server never sees, or whose answer never arrives: the client stops
-  waiting `statement_s + connect_s` after sending it, and closes the connection (its state
-  is unknown), which SQLAlchemy takes for a lost connection. TCP keepalives and
-  TCP_USER_TIMEOUT do not see a frozen proxy, whose kernel still acknowledges every byte,
-  but they do see a host that is gone;
-- the ping before a pooled connection is reused: `connect_s`;
-- a free connection in the pool: `pool_s`.
-Each raises an error that the API answers with 503 and Retry-After (api.errors) and that a
-worker's write retries (worker.retry).
-
-Large values (models, checkpoints, data sets) take longer than a row: `core.db.allow_time_for`
-widens both bounds for the rest of one transaction, in proportion to the bytes it moves."""
+"""PostgreSQL engines whose every wait has a bound (core.db.bounds), so that a server that
+stops answering costs a request seconds, not forever. See docs/operations.md."""
 
 from __future__ import annotations
 
@@ -26,7 +11,7 @@ from psycopg.errors import _WaitTimeout
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 
-from core.db import DbTimeouts, statement_bound
+from core.db.bounds import DbTimeouts, statement_bound
 
 
 class BoundedConnection(psycopg.Connection[Any]):
