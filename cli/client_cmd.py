@@ -3,7 +3,8 @@ torch (but `download --check`, which loads the model), none of the server's libr
 
 A job is named by its id or the id's first characters (`Client.find_job_id`). A refusal, an
 id that names no job and an API that cannot be reached each print one line (cli.problems,
-called by cli.main for whatever a command lets through)."""
+called by cli.main for whatever a command lets through).
+See docs/api.md ("The CLI")."""
 
 from __future__ import annotations
 

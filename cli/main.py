@@ -3,7 +3,8 @@
 The commands are a table of names: a command's module is imported only when that command
 runs, and only the chosen command's arguments are built, so `trainq --help` loads argparse
 alone, and the commands that talk to the API never load torch or the server's libraries
-(and work on the light install, `pip install trainq`)."""
+(and work on the light install, `pip install trainq`).
+See docs/api.md ("The CLI")."""
 
 from __future__ import annotations
 

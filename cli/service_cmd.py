@@ -1,4 +1,4 @@
-"""`trainq migrate`, `serve`, `worker`, `up`: running the service."""
+"""`trainq migrate`, `serve`, `worker`, `up`: running the service. See docs/operations.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """`trainq up`'s processes: the API, the worker launcher and, unless TRAINQ_REDIS_URL names
-another, the embedded redis-server, each a child in a process group of its own.
-
-`up` takes SIGTERM (docker stop, systemd, kill), SIGINT (^C) and SIGHUP (a closed terminal)
-itself and stops the children in order: the API and the launcher first (SIGTERM, which lets
-the launcher's workers hand their jobs back, then SIGKILL to the group after a grace), Redis
-last, as the jobs handed back are written there. Each child also ends when `up` dies
-without a word (SIGKILL, a crash: core.lifetime), and so does each worker when its
-launcher does."""
+another, the embedded redis-server, each a child in a process group of its own, stopped in
+order on SIGTERM, SIGINT or SIGHUP (the API and the launcher first, Redis last, as the jobs
+handed back are written there). See docs/operations.md ("Stopping and starting")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """`trainq sweep`: start a hyperparameter search and follow it live; `sweep watch`, `list`,
 `cancel` and `show` for the sweeps already made. Light, like the other client commands: the
-search itself (Optuna) runs in the service, never here."""
+search itself (Optuna) runs in the service, never here.
+See docs/sweeps.md ("From the command line")."""
 
 from __future__ import annotations
 

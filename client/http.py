@@ -1,12 +1,7 @@
-"""A small Python client for trainq's HTTP API (used by the `trainq` CLI).
-
-client = Client("http://127.0.0.1:8000", api_key="...")
-job = client.submit({"dataset": "mnist-sample", "epochs": 3})
-for event in client.events(job["id"]):
-    ...
-client.download(job["id"], "model.pt").sha256  # or format="pt2" / "onnx", to model.pt2 / .onnx
-client.find_job_id("9c88f067")  # the whole id of the key's one job that starts so
-"""
+"""A small Python client for trainq's HTTP API (used by the `trainq` CLI): `Client` submits,
+lists, follows (Server-Sent Events, resumed after a disconnect), cancels, deletes and
+downloads jobs (sha256-checked), and reads sweeps, data sets and quotas. See docs/queue.md
+("Through the HTTP API") and docs/api.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`Settings`: trainq's configuration, read once from `TRAINQ_*` environment variables."""
+"""`Settings`: trainq's configuration, read once from `TRAINQ_*` environment variables.
+Every field: the README's settings table."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ class, or a zip of the four MNIST IDX files).
 
 The limits hold for every form: zip members are counted and sized before anything is
 decompressed, nothing may expand more than MAX_RATIO times, paths are checked, and a set
-that nothing can be learnt from is refused."""
+that nothing can be learnt from is refused.
+See docs/datasets.md ("Uploading your own")."""
 
 from __future__ import annotations
 

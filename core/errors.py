@@ -1,4 +1,5 @@
-"""Named errors a user can cause or meet. The HTTP edge maps them to status codes in one place."""
+"""Named errors a user can cause or meet. The HTTP edge maps them to status codes in one place.
+See docs/api.md ("Errors") and docs/jobs.md (its error codes)."""
 
 from __future__ import annotations
 

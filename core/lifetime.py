@@ -2,7 +2,8 @@
 embedded Redis under `trainq up`, and each worker under its launcher. A worker whose launcher
 is gone would go on taking jobs beside the launcher's successor.
 
-Linux only (prctl's PR_SET_PDEATHSIG); elsewhere a child outlives its parent as before."""
+Linux only (prctl's PR_SET_PDEATHSIG); elsewhere a child outlives its parent as before.
+See docs/operations.md ("Stopping and starting")."""
 
 from __future__ import annotations
 

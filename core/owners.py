@@ -1,6 +1,7 @@
 """Who owns a job: the owner an API key names. The API gives a job submitted with a key this
 owner, and a producer that enqueues straight onto the queue passes the same value as
-`owner=`; then that key sees the job. Only a hash of the key is ever stored with jobs."""
+`owner=`; then that key sees the job. Only a hash of the key is ever stored with jobs.
+See docs/queue.md ("Owners")."""
 
 from __future__ import annotations
 

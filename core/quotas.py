@@ -1,19 +1,7 @@
-"""Per-owner quotas: the limits a key works within, and what it uses of them.
-
-The defaults come from Settings (`TRAINQ_QUOTA_*`); an admin overrides any of them for one
-owner (a row in `quotas`, through PUT /quotas/{owner}). A limit of None means no limit.
-Admins (owner None) have none. The API refuses what would pass a limit with 429 and a body
-that names it (`QuotaExceeded`); the workers' fair share never starts more of an owner's
-jobs at once than `max_running`.
-
-Training time is the wall-clock time of every attempt of the owner's jobs, from its claim
-to its end or hand-back (or to now while it runs), the part of it inside the trailing 24
-hours. It is read from `attempt_times` (core.db.AttemptTime), which the moves of a job's
-status write and which outlives the job's row: deleting or purging a job gives back none
-of its hours.
-
-Checks are race-free: each runs inside the transaction that then inserts the rows, after
-`lock_owner` (on SQLite that transaction already holds the one write lock)."""
+"""Per-owner quotas: the limits a key works within (Settings' defaults, overridden per owner
+by a row in `quotas`), what it uses of them (training hours from `attempt_times`), and the
+race-free checks that raise `QuotaExceeded`, each inside the transaction that then inserts
+the rows, after `lock_owner`. See docs/quotas.md."""
 
 from __future__ import annotations
 
@@ -254,7 +242,7 @@ class _Account:
 
 
 class JobQuotas:
-    """The quota checks of one transaction that inserts jobs (api.submissions): each owner is
+    """The quota checks of one transaction that inserts jobs (api.services.submitter): each owner is
     locked first (all in one order, so that two batches never wait on each other in a
     cycle), its limits and usage are read once, and every job planned since counts as
     queued: a batch passes a limit no more than separate submissions would."""

@@ -1,5 +1,6 @@
 """The Redis client every trainq process uses: bounded connect and read timeouts, and a
-health check before an idle connection is used again."""
+health check before an idle connection is used again.
+See docs/jobs.md ("Redis away")."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""The retention policy: what ended jobs keep, and for how long.
-
-An ended job's checkpoint goes when it ends (core.store.jobs.end_job, succeed_job): a
-terminal status never reverts, so nothing resumes from it. Past `TRAINQ_RETENTION_DAYS`
-after it ended, a job also loses its step rows and its model; its row (with `purged_at`),
-epochs, result and run record stay. The reconciler runs one bounded pass at a time
-(`retention_pass`), each job in a transaction of its own, so no pass holds a lock for long;
-`trainq gc` runs the same purge to the end, or reports it (`--dry-run`).
-
-The same passes forget attempts' training times that no quota counts any more, and end
-those an older trainq's worker left open (core.quotas); nothing else removes them, a job's
-deletion included.
-
-Also here: the bytes trainq holds, by kind, for the Prometheus gauges."""
+"""The retention policy: what ended jobs keep, and for how long. Past `TRAINQ_RETENTION_DAYS`
+after it ended, a job loses its step rows, checkpoint and model; its row (with
+`purged_at`), epochs, result and run record stay. The reconciler runs one bounded pass at a
+time (`retention_pass`), which also forgets attempts' training times no quota counts any
+more; `trainq gc` runs the same purge to the end. Also here: the bytes trainq holds, by
+kind, for the Prometheus gauges. See docs/jobs.md ("Retention and deletion")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Running the Alembic migrations (an explicit step: `trainq migrate`, or `trainq up`)."""
+"""Running the Alembic migrations (an explicit step: `trainq migrate`, or `trainq up`).
+See docs/operations.md ("Upgrading")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """`JobSpec`: the one definition of a training job, shared by the API, the queue payload,
-the trainer and the database."""
+the trainer and the database.
+See docs/api.md ("The job spec")."""
 
 from __future__ import annotations
 

@@ -3,20 +3,9 @@
 One Redis Stream per job with explicit entry ids, so a stream id is also a cursor:
 `{step}-0` is the metric point of that step, `{step}-1` the end of an epoch at that step,
 `{step}-2` a job starting (or resuming) after that step and `{step}-3` the job ending.
-The database keeps the full history; Redis may lose or expire the stream.
-
-Every write goes through one Lua script (core.stream_lua: one atomic round trip), fenced
-by attempt: a key beside the stream holds the attempt that last started, and a write of an
-earlier attempt is refused. A missing fence (Redis restarted empty, or the key evicted) is
-never taken as permission: the worker's publisher then proves in the database that its
-attempt still owns the job before it sets the fence again (only ever raising it); only a
-caller holding the database's word already (the end of a job, just decided there) writes
-without one.
-Writing an entry twice is harmless (a batch whose reply was lost, sent again): entries not
-above the stream's last id are skipped. Nothing is written after the end, and the end is
-keyed at or above the stream's last step, so it is always accepted. Every key of a job
-expires: a week after its last write, an hour after it ended (set in the script that
-writes the end). A follower of a job ended longer ago reads it all from the database."""
+Every write goes through one Lua script (core.stream_lua), fenced by attempt; the database
+keeps the full history, and Redis may lose or expire the stream. See docs/jobs.md ("The
+event stream") and docs/operations.md ("Redis: memory and limits")."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Text a client sends that trainq keeps, compares or echoes (a data set's name, an owner id,
-a cursor, an idempotency key, a class folder's name): plain text of bounded length.
-PostgreSQL refuses a NUL (in text and in JSON); the other C0 and C1 control characters
-(U+0080-U+009F: NEL, CSI...) garble logs, listings and terminals; a bidi embedding or
-override (U+202A-U+202E, U+2066-U+2069) makes a name read as another. Each is a 422 at the
-edge, before any of it reaches the database.
-
-The rule is a pattern, so that the OpenAPI document states it and pydantic enforces it for
-query, path, header and form parameters and for body fields alike. A lone surrogate cannot
-be in a pattern that pydantic's engine compiles; pydantic refuses one in any str field
-itself (`string_unicode`), and `is_plain` refuses it in text that pydantic never sees."""
+a cursor, an idempotency key, a class folder's name): plain text of bounded length, with no
+NUL, no other C0 or C1 control character and no bidi embedding or override (a 422 at the
+edge). The rule is a pattern, so that the OpenAPI document states it and pydantic enforces
+it everywhere; `is_plain` checks text that pydantic never sees. See docs/api.md ("What a
+client sends")."""
 
 from __future__ import annotations
 

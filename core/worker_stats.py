@@ -4,7 +4,8 @@ one small hash per worker, written with the step blocks it already sends.
 Both keys are bounded: a worker's hash expires TTL_S after its last report, and the index
 of reporting workers is a sorted set scored by the time of each one's last report, cut to
 the last TTL_S at every report (and expiring with the last one), so that workers that come
-and go (each restart reports under a new name) never pile up in it, scraped or not."""
+and go (each restart reports under a new name) never pile up in it, scraped or not.
+See docs/operations.md ("Redis: memory and limits")."""
 
 from __future__ import annotations
 

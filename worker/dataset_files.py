@@ -1,4 +1,5 @@
-"""Uploaded data sets, placed on the worker host as the files the trainer reads."""
+"""Uploaded data sets, placed on the worker host as the files the trainer reads.
+See docs/datasets.md."""
 
 from __future__ import annotations
 

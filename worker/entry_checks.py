@@ -1,6 +1,7 @@
 """How a worker reads an entry of the queue (core.queue holds the contract): within the
 reading bounds, checked against the contract before anything of it runs; and, for the
-reconciler, whether an entry is still live, and RQ's command to stop one."""
+reconciler, whether an entry is still live, and RQ's command to stop one.
+See docs/queue.md ("The contract")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """`trainq worker --gpus all|0,1|cpu`: one RQ worker process per GPU, each with
-CUDA_VISIBLE_DEVICES set to its GPU and named after host and GPU. The launcher never
-imports torch or touches CUDA: it counts GPUs with nvidia-smi.
-
-A worker that dies is restarted with back-off, never given up on: an outage of Redis must
-cost latency, not the host. On Linux the launcher adopts the work horses of workers that
-died (a child subreaper), and starts no replacement while one still runs: two jobs would
-share one GPU."""
+CUDA_VISIBLE_DEVICES set to its GPU and named after host and GPU. The launcher never touches
+CUDA (it counts GPUs with nvidia-smi), restarts a worker that dies with back-off, and adopts
+the work horses of dead workers (a child subreaper), starting no replacement while one still
+runs: two jobs would share one GPU. See docs/operations.md ("Running the service")."""
 
 from __future__ import annotations
 

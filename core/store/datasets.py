@@ -1,4 +1,4 @@
-"""Uploaded data sets (POST /datasets): immutable once stored."""
+"""Uploaded data sets (POST /datasets): immutable once stored. See docs/datasets.md."""
 
 from __future__ import annotations
 

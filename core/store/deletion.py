@@ -1,6 +1,7 @@
 """Deleting what an owner asks to be deleted: an ended job with everything stored of it, and
 an uploaded data set that no queued or running job trains on. Each in the caller's one
-transaction, so that a crash leaves all of it or none."""
+transaction, so that a crash leaves all of it or none.
+See docs/jobs.md ("Retention and deletion")."""
 
 from __future__ import annotations
 

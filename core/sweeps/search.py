@@ -1,12 +1,8 @@
 """The search: Optuna's samplers and pruners, asked over a sweep's trials as the database
-holds them. Each decision replays the trials into an in-memory study and asks it once; the
-database stays the one store of trials (ARCHITECTURE.md, "Sweeps", says why). What a
-sampler or pruner keeps on a trial (Optuna's system attributes: a grid point, the rungs a
-trial completed) is handed back to be stored with the trial, so the next replay has it.
-
-Decisions are repeatable: the sampler is seeded from the sweep's seed and the trial's
-number (`trial_seed`), so asking again for a trial whose creation was lost gives the same
-values."""
+holds them. Each decision replays the trials into an in-memory study and asks it once; what
+a sampler or pruner keeps on a trial is handed back to be stored with it, and the sampler
+is seeded per trial (`trial_seed`), so a decision lost to a crash is made again the same
+way. See docs/sweeps.md ("Where the search lives")."""
 
 from __future__ import annotations
 

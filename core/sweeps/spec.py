@@ -1,7 +1,8 @@
 """`SweepSpec`: one experiment of many trials. A base JobSpec, a search space over JobSpec's
 own fields, an objective read from the epoch record, and the Optuna sampler and pruner that
 choose and stop trials. Every trial is an ordinary job whose spec is the base with the
-trial's values; `bound_problems` refuses a space that could sample a spec JobSpec refuses."""
+trial's values; `bound_problems` refuses a space that could sample a spec JobSpec refuses.
+See docs/sweeps.md."""
 
 from __future__ import annotations
 

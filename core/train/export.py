@@ -4,7 +4,8 @@ each checked in a fresh process against the trained model's logits before it is 
 Every format is made from the same fp32 CPU copy of the eval model (portable: load it
 anywhere, then `.to()`), wrapped so that it takes images as floats in [0, 1]. A format that
 fails its export or its check is not offered, and the report says why; TorchScript, when
-asked, must pass (ExportMismatch otherwise), and so must at least one format."""
+asked, must pass (ExportMismatch otherwise), and so must at least one format.
+See docs/api.md ("Model formats")."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ JSON, {"shape": [N, C, H, W], "classes": K, "formats": {format: bytes, ...}}, th
 (N·C·H·W float32), the trained model's logits on them (N·K float32) and each format's
 bytes, in that order. It prints one JSON object: per format, the largest absolute
 difference of its logits from the expected ones, or why it failed.
-"""
+See docs/api.md ("Model formats")."""
 
 from __future__ import annotations
 
