@@ -14,7 +14,7 @@ from api.downloads import download_slots
 from api.events import IDLE_BLOCK_MS, EventHub
 from api.images import DecodeBudget, give_back_large_buffers
 from api.routes import datasets, docs, health, jobs, predict, quotas, sweeps, web
-from api.submissions import Submitter
+from api.services.submitter import Submitter
 from core.config import Settings
 from core.db import Database
 from core.redis_client import connect, connect_async

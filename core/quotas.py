@@ -242,7 +242,7 @@ class _Account:
 
 
 class JobQuotas:
-    """The quota checks of one transaction that inserts jobs (api.submissions): each owner is
+    """The quota checks of one transaction that inserts jobs (api.services.submitter): each owner is
     locked first (all in one order, so that two batches never wait on each other in a
     cycle), its limits and usage are read once, and every job planned since counts as
     queued: a batch passes a limit no more than separate submissions would."""

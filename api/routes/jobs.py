@@ -41,8 +41,8 @@ from api.schemas import (
     Problem,
     QuotaProblem,
 )
+from api.services.submitter import OutcomeUnknown, Submitter
 from api.slots import KeySlots
-from api.submissions import OutcomeUnknown, Submitter
 from core.config import Settings
 from core.db import Job, as_utc
 from core.errors import DatasetGone, ModelPurged

@@ -1,7 +1,7 @@
 """Reads and writes of jobs and their results: keyword-only functions over a Session, one
-module a noun: `jobs` (the job row and every move of its status), `results` (metrics,
-checkpoints, the model, and the two ends of an attempt that carry them), `datasets`
-(uploads). Callers import them from here."""
+module a noun: `lifecycle` (every move of a job's status), `jobs` (the job row), `results`
+(metrics, checkpoints, the model), `datasets` (uploads). Callers import them from here.
+See docs/jobs.md."""
 
 from core.store.datasets import create_dataset, dataset_data, get_dataset, list_datasets
 from core.store.jobs import (

@@ -1,5 +1,5 @@
-"""The job row: creating and finding jobs, and every move of its status. A terminal status
-never reverts: every transition is a guarded UPDATE."""
+"""The job row: creating and finding jobs, and the named moves of its status (each one a
+call of core.store.lifecycle.move). See docs/jobs.md."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import json
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, Update, bindparam, delete, insert, or_, select, update
+from sqlalchemy import Select, bindparam, insert, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
-from core.db import AttemptTime, Checkpoint, DbTime, Job, Sweep, db_now, utcnow
+from core.db import DbTime, Job, Sweep, db_now, utcnow
 from core.errors import JobSuperseded
 from core.spec import SPEC_VERSION, TERMINAL, JobSpec, JobStatus, Priority
+from core.store.lifecycle import move, requeued, running_attempt, updated
 
 Q = TypeVar("Q", bound=Select[Any])
 
@@ -143,91 +144,19 @@ def job_access(s: Session, *, job_id: str) -> Row[str | None, str] | None:
     return s.connection().execute(_JOB_ACCESS, {"job_id": job_id}).one_or_none()
 
 
-def updated(s: Session, statement: Update) -> bool:
-    """Run a guarded UPDATE; True if its guard held (it changed the row)."""
-    res = s.execute(statement)
-    return bool(res.rowcount)  # type: ignore[attr-defined]
-
-
-def running_attempt(job_id: str, attempt: int) -> Update:
-    """An UPDATE of the job row that holds only while `attempt` still runs the job."""
-    return update(Job).where(
-        Job.id == job_id, Job.attempt == attempt, Job.status == JobStatus.running
-    )
-
-
-def handed_back(s: Session, job_id: str, statement: Update) -> bool:
-    """Run a guarded UPDATE that moves a running job back to queued (`requeued`'s values);
-    True if its guard held, and then the attempt's time has ended."""
-    if not updated(s, statement):
-        return False
-    end_attempt_time(s, job_id=job_id)
-    return True
-
-
-def requeued(queue_entry: str, preempted: bool) -> dict[str, Any]:
-    """The values of a running job handed back to the queue under a new entry; `preempted`
-    counts it as a preemption, not a restart."""
-    return {
-        "status": JobStatus.queued,
-        "worker": None,
-        "queue_entry": queue_entry,
-        "enqueued_at": db_now(),
-        "preemptions": Job.preemptions + int(preempted),
-    }
-
-
 def claim_job(
     s: Session, *, job_id: str, worker: str, device: str, queue_entry: str | None = None
 ) -> Job | None:
     """queued -> running, attempt + 1. None if the job is not queued: canceled before it
     started, already running elsewhere or finished (a duplicate delivery runs nothing).
-
-    `queue_entry`, the entry a worker runs: the claim holds only if the row names it (every
-    enqueue records its entry first), so an entry made up in Redis claims nothing. A row of
-    an older trainq with no entry recorded accepts only the job's own id. Without it (no
-    queue involved), no entry is checked."""
-    q = update(Job).where(Job.id == job_id, Job.status == JobStatus.queued)
-    if queue_entry is not None:
-        named = Job.queue_entry == queue_entry
-        q = q.where(or_(named, Job.queue_entry.is_(None)) if queue_entry == job_id else named)
-    claimed = updated(
-        s,
-        q.values(
-            status=JobStatus.running,
-            attempt=Job.attempt + 1,
-            worker=worker,
-            device=device,
-            started_at=db_now(),
-            heartbeat_at=db_now(),
-        ),
-    )
-    if not claimed:
+    `queue_entry`, the entry a worker runs: the claim holds only if the row names it
+    (lifecycle.entry_named); without it (no queue involved), no entry is checked."""
+    if not move(s, job_id, JobStatus.running, entry=queue_entry, worker=worker, device=device):
         return None
-    start_attempt_time(s, job_id=job_id)
     job = s.get(Job, job_id)
     if job is not None:
         s.refresh(job)
     return job
-
-
-def start_attempt_time(s: Session, *, job_id: str) -> None:
-    """The time of the attempt just claimed starts counting against its owner's training
-    hours, from the claim's started_at."""
-    claimed = select(Job.owner, Job.id, Job.attempt, Job.started_at).where(Job.id == job_id)
-    s.execute(
-        insert(AttemptTime).from_select(["owner", "job_id", "attempt", "started_at"], claimed)
-    )
-
-
-def end_attempt_time(s: Session, *, job_id: str) -> None:
-    """The job's running attempt stops counting (every move off running calls this in its
-    own transaction); nothing to do for a job that was not running."""
-    s.execute(
-        update(AttemptTime)
-        .where(AttemptTime.job_id == job_id, AttemptTime.ended_at.is_(None))
-        .values(ended_at=db_now())
-    )
 
 
 def fence(s: Session, job_id: str, attempt: int, **values: Any) -> None:
@@ -265,28 +194,21 @@ def end_job(
     status: JobStatus,
     code: str | None = None,
     message: str | None = None,
-    from_statuses: Sequence[JobStatus] = (JobStatus.queued, JobStatus.running),
+    from_statuses: Sequence[JobStatus] | None = None,
     attempt: int | None = None,
     silent_since: DbTime | None = None,
 ) -> bool:
-    """Move a job to a terminal status unless it already is in one (or, with `attempt`,
+    """Move a job to a terminal status from `from_statuses` (None: every status the move is
+    declared from, lifecycle.TRANSITIONS), unless it already ended (or, with `attempt`,
     unless another attempt owns it now; with `silent_since`, unless it beat since then: a
     lost job seen in a stale read). True if it moved; its checkpoint then goes in the same
     transaction: a terminal status never reverts, so nothing will resume from it."""
     if status not in TERMINAL:
         raise ValueError(f"{status} is not a terminal status")
-    q = update(Job).where(Job.id == job_id, Job.status.in_(list(from_statuses)))
-    if attempt is not None:
-        q = q.where(Job.attempt == attempt)
-    if silent_since is not None:
-        q = q.where(Job.heartbeat_at < silent_since)
-    moved = updated(
-        s, q.values(status=status, error_code=code, error_message=message, finished_at=db_now())
-    )
-    if moved:
-        s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
-        end_attempt_time(s, job_id=job_id)
-    return moved
+    return move(
+        s, job_id, status, sources=from_statuses, attempt=attempt, silent_since=silent_since,
+        error_code=code, error_message=message,
+    )  # fmt: skip
 
 
 def lost_jobs(s: Session, *, silent_since: DbTime) -> Sequence[Job]:
@@ -310,17 +232,17 @@ def requeue_job(
     one reconciler wins: the update is guarded by the attempt it saw, and by the attempt
     still being silent since `silent_since` (one that beat after the read is alive).
     `preempted`: its worker had been asked to stop, so the loss counts as a preemption."""
-    silent = running_attempt(job_id, attempt).where(Job.heartbeat_at < silent_since)
-    return handed_back(s, job_id, silent.values(**requeued(queue_entry, preempted)))
+    return move(
+        s, job_id, JobStatus.queued, attempt=attempt, silent_since=silent_since,
+        **requeued(queue_entry, preempted),
+    )  # fmt: skip
 
 
 def retry_job(s: Session, *, job_id: str, attempt: int, queue_entry: str) -> bool:
     """A running attempt that met trouble of its machine's, not of the job's, hands the job
     back: running -> queued, as a restart (it counts against max_restarts). It resumes from
     its last checkpoint. False if the attempt no longer owns the job."""
-    return handed_back(
-        s, job_id, running_attempt(job_id, attempt).values(**requeued(queue_entry, False))
-    )
+    return move(s, job_id, JobStatus.queued, attempt=attempt, **requeued(queue_entry, False))
 
 
 def stale_queued_jobs(s: Session, *, enqueued_before: DbTime) -> Sequence[Job]:

@@ -1,6 +1,6 @@
 """What a job's attempts leave: per-step and per-epoch metrics, the checkpoint it resumes
-from, and the model. Each write of an attempt is fenced (core.store.jobs): an attempt that
-no longer owns its job writes nothing."""
+from, the model, and the two ends of an attempt that carry them (a preemption's hand-back,
+a success). An attempt that no longer owns its job writes nothing. See docs/jobs.md."""
 
 from __future__ import annotations
 
@@ -11,16 +11,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.orm import Session
 
-from core.db import Artifact, Checkpoint, EpochMetric, StepMetric, allow_time_for, db_now
+from core.db import Artifact, Checkpoint, EpochMetric, StepMetric, allow_time_for
 from core.spec import JobStatus
-from core.store.jobs import (
-    end_attempt_time,
-    fence,
-    handed_back,
-    requeued,
-    running_attempt,
-    updated,
-)
+from core.store.jobs import fence
+from core.store.lifecycle import move, requeued
 
 if TYPE_CHECKING:
     from core.train import EpochMetrics, StepMetrics
@@ -75,10 +69,8 @@ def preempt_job(
     """A running attempt whose worker is stopping hands its job back: running -> queued, in
     one transaction with its mid-epoch checkpoint and its steps since the last epoch. It is
     a preemption, not a restart. False if the attempt no longer owns the job."""
-    back = running_attempt(job_id, attempt).values(
-        **requeued(queue_entry, preempted=True), progress_step=step
-    )
-    if not handed_back(s, job_id, back):
+    back = requeued(queue_entry, preempted=True)
+    if not move(s, job_id, JobStatus.queued, attempt=attempt, progress_step=step, **back):
         return False
     _replace_steps(s, job_id, steps[0].step if steps else step + 1, steps)
     _replace_checkpoint(s, job_id, epoch, step, checkpoint)
@@ -95,25 +87,18 @@ def succeed_job(
     models: Sequence[ExportedModel],
 ) -> bool:
     """running -> succeeded with its result, run record and its model in each verified
-    format; the checkpoint goes. False if the attempt no longer owns the job."""
-    succeeded = running_attempt(job_id, attempt).values(
-        status=JobStatus.succeeded,
-        result=result,
-        record=record,
-        finished_at=db_now(),
-        error_code=None,
-        error_message=None,
-    )
-    if not updated(s, succeeded):
+    format; the checkpoint goes (lifecycle.move). False if the attempt no longer owns the job."""
+    if not move(
+        s, job_id, JobStatus.succeeded, attempt=attempt,
+        result=result, record=record, error_code=None, error_message=None,
+    ):  # fmt: skip
         return False
-    end_attempt_time(s, job_id=job_id)
     s.execute(delete(Artifact).where(Artifact.job_id == job_id))
     allow_time_for(s, sum(len(m.data) for m in models))
     s.add_all(
         Artifact(job_id=job_id, format=m.format, data=m.data, sha256=m.sha256, size=len(m.data))
         for m in models
     )
-    s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
     return True
 
 

@@ -1,0 +1,1 @@
+"""The work behind the routes, one module per resource."""
