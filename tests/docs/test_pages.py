@@ -68,5 +68,6 @@ def test_the_settings_table_gives_each_default(name: str) -> None:
     if field.default in (None, "") or field.default_factory is not None:
         return
     shown = cell.split("`")[1] if cell.count("`") >= 2 else cell
+    assert field.annotation is not None
     value: Any = TypeAdapter(field.annotation).validate_python(shown)
     assert value == field.default, f"README.md gives {cell}; the default is {field.default!r}"
