@@ -1,51 +1,26 @@
-"""The queue contract: how a job reaches a worker. Other services rely on these names:
-
-    Queue("trainq", connection=r, serializer=JSONSerializer).enqueue(
-        "worker.tasks.train", spec={...}, job_id=str(uuid4()))
-
-The payload is JSON (never pickle), and the queue is an API like HTTP: whoever can write to
-it cannot run code on a GPU host. A worker runs an entry only if `contract_violation`
-(worker.entry_checks, with the rest of the worker's reading) finds nothing wrong with it:
-
-- the function is exactly `worker.tasks.train`, called without an instance, and the entry
-  names no callback (on_success, on_failure, on_stopped), webhook, dependency, RQ retry or
-  repeat;
-- no positional arguments; the keywords are `spec` (a JSON object, at most 16 KiB as
-  compact JSON and 4 levels deep), `owner` (1 to 200 characters; absent or None: the job
-  belongs to the admins), `job_id` (a requeue's job, a canonical UUID) and `via` ("api");
-- the entry id is the job id (a canonical UUID), or the job id, "-" and a suffix of up to
-  16 characters of [a-z0-9] (`<uuid>-a2`, `<uuid>-q1f2e3d4c`: a requeue, which then names
-  its job in `job_id`).
-
-A refused entry is failed in RQ (its FailedJobRegistry, with the reason) and nothing of it
-runs: no import, no call, no trainq job row. The check reads only what RQ stored, so it
-imports nothing a producer names.
-
-Before that, a worker reads an entry only within bounds, so that no entry can stop it or
-fill its memory:
-
-- the entry's hash has at most 64 fields, with names of at most 64 bytes and values of at
-  most 64 KiB, checked inside Redis (`read_entry`, one script) before any of it is read;
-  `data` is inflated no further than 32 KiB (a longer payload is refused as above);
-- an entry that breaks these bounds, or that RQ cannot restore (a junk date or status, a
-  field or id that is not UTF-8, an id RQ names no job by, no `data`, a key that is no
-  hash), cannot be failed in RQ: it is dropped (its hash deleted, a log line naming it) and
-  the worker goes on to the next entry;
-- RQ's `timeout`, `result_ttl` and `failure_ttl` are the worker's own (the setting
-  `job_timeout_s`, RESULT_TTL_S, FAILURE_TTL_S), whatever the entry says."""
+"""The queue contract: how a job reaches a worker (`worker.tasks.train`, a JSON payload
+that other services may enqueue too), and the one place that puts a job row on the queue
+(`enqueue_row`, `enqueue_or_leave`). See docs/jobs.md."""
 
 from __future__ import annotations
 
+import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis import Redis
+from redis.exceptions import RedisError
 from rq import Queue
 from rq.executions import ExecutionRegistry
 from rq.job import Job as RQJob
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
+if TYPE_CHECKING:
+    from core.config import Settings
+    from core.db import Job
+
+log = logging.getLogger("trainq.queue")
 TASK = "worker.tasks.train"
 RESULT_TTL_S = 3600
 FAILURE_TTL_S = 7 * 24 * 3600
@@ -89,6 +64,34 @@ def enqueue_job(
         failure_ttl=FAILURE_TTL_S,
         description=f"trainq job {job_id}",
     )
+
+
+def enqueue_row(r: Redis, settings: Settings, job: Job, entry: str | None = None) -> None:
+    """The job row's spec and owner onto the queue under `entry` (None: the job's own id),
+    which the row names already."""
+    enqueue_job(
+        r,
+        queue=settings.queue,
+        job_id=job.id,
+        spec=job.spec,
+        owner=job.owner,
+        timeout_s=settings.job_timeout_s,
+        queue_entry=entry,
+    )
+
+
+def enqueue_or_leave(
+    r: Redis, settings: Settings, job: Job, entry: str | None, *, what: str
+) -> bool:
+    """A queued row onto the queue (enqueue_row), or, with Redis away, left to the
+    reconciler, which enqueues a queued job with no live entry after its grace: logged, and
+    False. `what` says how the row came to be queued, for the log."""
+    try:
+        enqueue_row(r, settings, job, entry)
+    except RedisError as e:
+        log.warning("job %s: %s, but not enqueued (%s); the reconciler will", job.id, what, e)
+        return False
+    return True
 
 
 def enqueue_jobs(

@@ -1,4 +1,5 @@
-"""Admission: whether a queue entry this worker took may run, and the spec it trains."""
+"""Admission: whether a queue entry this worker took may run, and the spec it trains. See
+docs/jobs.md."""
 
 from __future__ import annotations
 
@@ -8,19 +9,16 @@ import uuid
 from typing import Any
 
 from pydantic import ValidationError
-from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
 from core.db import Database, Job
 from core.errors import InvalidSpec, TrainqError, WorkerVersionSkew, field_problems
-from core.queue import VIA_API
+from core.queue import VIA_API, enqueue_or_leave
 from core.schema import database_revision, known_revisions
 from core.spec import SPEC_VERSION, JobSpec, JobStatus, stored_spec, user_dataset_id
 from core.store import create_job, end_job, get_dataset, get_job, set_queue_entry
 from core.store.deletion import hold_job_id, lock_datasets, was_deleted
-from worker.attempt import Attempt
-from worker.execution import fail
-from worker.reconciler import enqueue_row
+from worker.attempt import Attempt, fail
 
 log = logging.getLogger("trainq.worker")
 COMMIT_POLL_S = 0.05
@@ -128,10 +126,7 @@ def _hand_back(a: Attempt, skew: WorkerVersionSkew) -> dict[str, Any]:
             a.queue_entry,
         )
         return {"status": "skipped"}
-    try:
-        enqueue_row(a.r, a.settings, job, entry)
-    except RedisError as e:
-        log.warning("job %s: handed back, but not enqueued (%s); the reconciler will", a.job_id, e)
+    enqueue_or_leave(a.r, a.settings, job, entry, what="handed back for version skew")
     log.warning("job %s handed back as %s: %s", a.job_id, entry, skew.message)
     _pause(a)
     return {"status": JobStatus.queued, "handed_back": skew.code}

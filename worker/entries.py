@@ -1,8 +1,7 @@
 """Queue entries as a trainq worker reads them: RQ's job and queue classes, bound to the
-queue contract (core.queue), and the removal of entries and ids RQ cannot read.
-
-Importing this module imports the job function and all it imports (worker.tasks), so that
-a worker has them loaded before it forks a work horse."""
+queue contract (core.queue), and the removal of entries and ids RQ cannot read. Importing
+it loads the job function (worker.tasks) before a worker forks a work horse. See
+docs/jobs.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,16 @@
-"""A claimed attempt, trained to its end: succeeded, failed, canceled, handed back
-(preempted), superseded, or given up to the reconciler while the database stays away."""
+"""A claimed attempt, trained to its end: each way it can end (succeeded, failed, canceled,
+pruned, handed back, superseded, given up while the database is away) as an End for
+worker.attempt.finish. See docs/jobs.md."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from functools import partial
 from typing import Any
 
-from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from core.errors import (
     ExportCheckUnavailable,
@@ -16,18 +18,16 @@ from core.errors import (
     JobSuperseded,
     OutOfMemory,
     TrainingPreempted,
-    TrainingStopped,
     TrainqError,
     TrialPruned,
 )
 from core.spec import JobSpec, JobStatus
-from core.store import end_job, get_job, preempt_job, retry_job, succeed_job
-from core.stream import publish_status
+from core.store import get_job, preempt_job, retry_job, succeed_job
+from core.store.lifecycle import restarts_used
 from core.train import TrainResult, is_out_of_memory
 from core.train import train as run_training
-from worker.attempt import Attempt, Claim
+from worker.attempt import SUPERSEDED, Attempt, Claim, End, fail, finish
 from worker.dataset_files import place_dataset
-from worker.reconciler import enqueue_row, restarts_used
 from worker.recorder import Recorder
 from worker.retry import DatabaseAway
 
@@ -37,20 +37,7 @@ log = logging.getLogger("trainq.worker")
 def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
     """Train the claimed attempt from its last checkpoint, and store how it ended. Every
     outcome ends in the job row; nothing is retried by RQ."""
-    job = claim.job
-    trial = (
-        (job.sweep_id, job.trial_number) if job.sweep_id and job.trial_number is not None else None
-    )
-    rec = Recorder(a, spec, trial=trial)
-    rec.status(
-        claim.start_step,
-        {
-            "status": JobStatus.running,
-            "attempt": a.number,
-            "device": claim.device,  # not the worker's name: events are for every key (api.events)
-            "resumed_from_step": claim.start_step,
-        },
-    )
+    rec = _recorder(a, spec, claim)
     try:
         rec.heart.start()
         place_dataset(a.db, a.settings.data_dir, spec.dataset)
@@ -67,14 +54,7 @@ def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
     except JobSuperseded as e:
         return _superseded(a, rec, e)
     except DatabaseAway as e:
-        log.error(
-            "job %s: attempt %d could not write to the database (%s); it stays running with "
-            "its heartbeat stopped, and the reconciler requeues it from its last checkpoint",
-            a.job_id,
-            a.number,
-            e,
-        )
-        return {"status": "lost"}
+        return _given_up(a, e)
     except TrainingPreempted as e:
         return _hand_back(a, claim, rec, e)
     except TrialPruned as e:
@@ -93,27 +73,46 @@ def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
         rec.heart.stop()
 
 
+def _recorder(a: Attempt, spec: JobSpec, claim: Claim) -> Recorder:
+    """The attempt's recorder (a trial's judges each epoch), its start told to the stream."""
+    job = claim.job
+    trial = (
+        (job.sweep_id, job.trial_number) if job.sweep_id and job.trial_number is not None else None
+    )
+    rec = Recorder(a, spec, trial=trial)
+    rec.status(
+        claim.start_step,
+        {
+            "status": JobStatus.running,
+            "attempt": a.number,
+            "device": claim.device,  # not the worker's name: events are for every key (api.events)
+            "resumed_from_step": claim.start_step,
+        },
+    )
+    return rec
+
+
 def _succeed(a: Attempt, rec: Recorder, result: TrainResult) -> dict[str, Any]:
     summary = result.summary()
-    ok = a.write(
-        lambda s: succeed_job(
-            s,
-            job_id=a.job_id,
-            attempt=a.number,
-            result=summary,
-            record=result.record,
-            models=list(result.models.values()),
-        )
+    models = list(result.models.values())
+
+    def store(s: Session) -> bool:
+        return succeed_job(
+            s, job_id=a.job_id, attempt=a.number,
+            result=summary, record=result.record, models=models,
+        )  # fmt: skip
+
+    write = partial(a.write, store)  # retried through a database blip (worker.retry)
+    said = {"result": summary}
+    return finish(
+        a, End(JobStatus.succeeded, result.steps, write, said, summary, told_by=rec.status)
     )
-    status = JobStatus.succeeded if ok else _status_of(a)
-    rec.status(result.steps, {"status": status, "result": summary})
-    return {"status": status, **summary}
 
 
 def _superseded(a: Attempt, rec: Recorder, e: JobSuperseded) -> dict[str, Any]:
     """A write found the job no longer this attempt's. It may be this attempt's own end,
     committed with its reply lost (the epoch that pruned it), then retried: if the row ended
-    under this attempt, that end is published; otherwise another owns the job now."""
+    under this attempt, that end is told; otherwise another owns the job now."""
     try:
         with a.db.reader() as s:
             job = get_job(s, job_id=a.job_id)
@@ -121,34 +120,28 @@ def _superseded(a: Attempt, rec: Recorder, e: JobSuperseded) -> dict[str, Any]:
         job = None
     if job is not None and job.attempt == a.number and JobStatus(job.status).terminal:
         error = {"code": job.error_code, "message": job.error_message or ""}
-        payload = {"status": job.status, "error": error if job.error_code else None}
-        try:
-            publish_status(a.r, a.job_id, rec.last_step, payload, attempt=a.number)
-        except RedisError as re:
-            log.warning("job %s: could not publish its end: %s", a.job_id, re)
-        return {"status": job.status}
+        said = {"error": error if job.error_code else None}
+        return finish(a, End(JobStatus(job.status), rec.last_step, event=said))
     log.warning("job %s: %s; stopping this attempt", a.job_id, e.message)
-    return {"status": "superseded"}
+    return {"status": SUPERSEDED}
+
+
+def _given_up(a: Attempt, e: DatabaseAway) -> dict[str, Any]:
+    """The database stayed away: the row is left as it is, for the reconciler."""
+    log.error(
+        "job %s: attempt %d could not write to the database (%s); it stays running with "
+        "its heartbeat stopped, and the reconciler requeues it from its last checkpoint",
+        a.job_id,
+        a.number,
+        e,
+    )
+    return {"status": "lost"}
 
 
 def _pruned(a: Attempt, rec: Recorder, e: TrialPruned) -> dict[str, Any]:
-    """The trial already ended `pruned` with its last epoch (worker.recorder): say so."""
-    step = rec.last_step
-    error = {"code": e.code, "message": e.message}
-    try:
-        publish_status(
-            a.r, a.job_id, step, {"status": JobStatus.pruned, "error": error}, attempt=a.number
-        )
-    except RedisError as re:
-        log.warning("job %s: could not publish its end: %s", a.job_id, re)
-    log.info("job %s %s", a.job_id, e.message)
-    return {"status": JobStatus.pruned, "error": error}
-
-
-def _status_of(a: Attempt) -> JobStatus:
-    with a.db.writer() as s:
-        job = get_job(s, job_id=a.job_id)
-        return JobStatus(job.status) if job else JobStatus.failed
+    """The trial already ended `pruned` with its last epoch (worker.recorder): tell it."""
+    said = {"error": {"code": e.code, "message": e.message}}
+    return finish(a, End(JobStatus.pruned, rec.last_step, None, said, said, why=e.message))
 
 
 def unexpected_error(e: Exception) -> TrainqError:
@@ -172,25 +165,21 @@ def unexpected_error(e: Exception) -> TrainqError:
 
 def _hand_back(a: Attempt, claim: Claim, rec: Recorder, e: TrainingPreempted) -> dict[str, Any]:
     """Preempted: the job goes back to queued with its mid-epoch checkpoint and its steps
-    (one transaction), and onto the queue at once, to resume at the next step elsewhere.
-    Should the enqueue fail, the reconciler enqueues the queued job after its grace."""
+    (one transaction), and onto the queue at once, to resume at the next step elsewhere."""
     entry = f"{a.job_id}-p{a.number}"  # one preemption per attempt: a fresh entry id
-    with a.db.writer() as s:
-        moved = preempt_job(
-            s, job_id=a.job_id, attempt=a.number, queue_entry=entry,
-            epoch=e.epoch, step=e.step, steps=rec.unsaved, checkpoint=e.checkpoint,
-        )  # fmt: skip
-    if not moved:
-        log.warning("job %s: attempt %d no longer owns it; not requeueing", a.job_id, a.number)
-        return {"status": "superseded"}
-    rec.unsaved = []
-    rec.flush_history()  # nothing left to store; the steps Redis missed go out
-    try:
-        enqueue_row(a.r, a.settings, claim.job, entry)
-    except RedisError as re:
-        log.warning("job %s: preempted, but not enqueued (%s); the reconciler will", a.job_id, re)
-    log.info("job %s preempted at step %d; back on the queue as %s", a.job_id, e.step, entry)
-    return {"status": JobStatus.queued, "preempted_at_step": e.step}
+
+    def write() -> bool:
+        with a.db.writer() as s:
+            return preempt_job(
+                s, job_id=a.job_id, attempt=a.number, queue_entry=entry,
+                epoch=e.epoch, step=e.step, steps=rec.unsaved, checkpoint=e.checkpoint,
+            )  # fmt: skip
+
+    end = End(
+        JobStatus.queued, e.step, write, entry=entry, job=claim.job, then=rec.handed_back,
+        result={"preempted_at_step": e.step}, why=f"preempted at step {e.step}",
+    )  # fmt: skip
+    return finish(a, end)
 
 
 def _retry(
@@ -202,37 +191,16 @@ def _retry(
     max_restarts are used up, it fails with the reason."""
     step = rec.last_step or claim.start_step
     rec.flush_history()
-    job = claim.job
-    if restarts_used(job) >= max_restarts:  # job.attempt is this attempt's number
+    if restarts_used(claim.job) >= max_restarts:  # job.attempt is this attempt's number
         return fail(a, step, e)
     entry = f"{a.job_id}-r{a.number}"
-    with a.db.writer() as s:
-        if not retry_job(s, job_id=a.job_id, attempt=a.number, queue_entry=entry):
-            return {"status": "superseded"}
-    log.warning("job %s: %s; back on the queue as %s", a.job_id, e.message, entry)
-    try:
-        enqueue_row(a.r, a.settings, job, entry)
-    except RedisError as re:
-        log.warning("job %s: requeued, but not enqueued (%s); the reconciler will", a.job_id, re)
-    return {"status": JobStatus.queued, "retried": e.code}
 
+    def write() -> bool:
+        with a.db.writer() as s:
+            return retry_job(s, job_id=a.job_id, attempt=a.number, queue_entry=entry)
 
-def fail(a: Attempt, step: int, e: TrainqError) -> dict[str, Any]:
-    """The job ends failed (canceled, if the user stopped it), fenced by the attempt's number
-    once it has one; only that end of it is published."""
-    status = JobStatus.canceled if isinstance(e, TrainingStopped) else JobStatus.failed
-    fence = a.number or None  # None: no attempt claimed the job
-    with a.db.writer() as s:
-        end_job(s, job_id=a.job_id, status=status, code=e.code, message=e.message, attempt=fence)
-    row = a.row()
-    final = row[1] if row else JobStatus.failed
-    error = {"code": e.code, "message": e.message}
-    try:
-        # Only this attempt's own end (or that of a job no attempt ran): the write vouches
-        # for itself, so a superseded attempt must not make it where the fence is missing.
-        if final.terminal and row and row[0] == a.number:
-            publish_status(a.r, a.job_id, step, {"status": final, "error": error}, attempt=a.number)
-    except RedisError as re:
-        log.warning("job %s: could not publish its end: %s", a.job_id, re)
-    log.info("job %s ended %s: %s", a.job_id, final, e.message)
-    return {"status": final, "error": error}
+    end = End(
+        JobStatus.queued, step, write, entry=entry, job=claim.job, result={"retried": e.code},
+        why=f"restarted ({e.message})", level=logging.WARNING,
+    )  # fmt: skip
+    return finish(a, end)

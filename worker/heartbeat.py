@@ -1,17 +1,6 @@
 """The heartbeat of a running attempt: a thread in the work horse that writes the job row's
-`heartbeat_at` every few seconds for as long as the trainer makes progress.
-
-Beating from a thread rather than from the step blocks keeps an attempt alive through the
-phases that make no steps (placing a large data set, a first compiled step, evaluation,
-export), however long each takes. The trainer still decides whether it lives: every step
-block and every piece of step-free work calls `touch`, and once nothing has touched it for
-`stall_timeout_s` the thread stops beating, so that the reconciler declares a hung attempt
-lost (within stall_timeout_s + heartbeat_timeout_s + reconcile_interval_s). A stopped
-process (SIGSTOP, a dead host) stops its thread with it.
-
-The thread also writes a stop request (SIGTERM) into the job row as soon as it arrives,
-whatever the trainer is doing: should the launcher's SIGKILL come before the attempt could
-hand its job back at a step, the reconciler counts the loss as a preemption."""
+`heartbeat_at` every few seconds while the trainer makes progress, and a stop request
+(SIGTERM) as soon as it arrives. See docs/jobs.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The work horse's SIGTERM: a stopping worker hands its running job back."""
+"""The work horse's SIGTERM: a stopping worker hands its running job back. See
+docs/jobs.md."""
 
 from __future__ import annotations
 
@@ -9,14 +10,9 @@ from typing import Any
 
 
 class Preemption:
-    """The work horse's SIGTERM, which worker.rq_worker sends it on a warm shutdown (docker stop, a
-        spot reclaim, a node drain): the running attempt stops at its next step and hands the
-        job back. Outside the step loop (placing the data set, evaluation, export) there may be
-        no next step before the launcher's SIGKILL; the heartbeat thread records the request in
-        the job row, so that the reconciler counts that loss as a preemption. RQ sets SIGTERM to
-        its default (death) in a fresh work horse; this handler holds for the job function's
-        run, and the one it replaced comes back after. SIGTERM is held from the horse's fork until
-    this handler is in place (worker.rq_worker), so none is lost or fatal before it."""
+    """The work horse's SIGTERM (worker.rq_worker sends it on a warm shutdown): the running
+    attempt stops at its next step and hands the job back. The handler holds for the job
+    function's run; the one it replaced comes back after."""
 
     def __init__(self) -> None:
         self.requested = False

@@ -1,21 +1,6 @@
-"""The reconciler: the database is the source of truth, and this keeps the queue true to it.
-
-Run periodically (`Reconciler`) by every `trainq worker` launcher and by `trainq serve`
-(the guarded updates let any number run at once). It heals three drifts:
-- a running job whose attempt stopped writing heartbeats (its worker died, or its trainer
-  made no progress for TRAINQ_STALL_TIMEOUT_S, so it stopped beating): requeued to resume
-  from its last checkpoint, up to the spec's `max_restarts`, then failed with
-  `worker_lost`; an attempt whose worker had been asked to stop (SIGTERM) and was killed
-  before it could hand the job back is a preemption, not a restart; a lost job that was
-  being canceled ends `canceled`; a silent work horse that is still there (stuck rather
-  than dead) gets RQ's stop command;
-- a queued job with no live queue entry (a crash between the insert and the enqueue, or a
-  Redis that came back empty): enqueued again.
-
-Silence and waiting are judged by the database's clock alone (core.db.db_now): the times
-are written with it and compared with it in SQL, so no host's clock, however far off,
-makes a live attempt lost or hides a dead one.
-"""
+"""The reconciler: the database is the source of truth, and each pass keeps the queue true
+to it — a lost attempt's job is requeued or ended, a queued job with no live entry is
+enqueued again, and running sweeps are topped up. See docs/jobs.md."""
 
 from __future__ import annotations
 
@@ -31,11 +16,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from core.config import Settings
 from core.db import Database, DbTime, Job, as_utc, db_ago
-from core.queue import enqueue_job
+from core.queue import enqueue_row
 from core.redis_client import connect
 from core.retention import retention_pass
 from core.spec import JobStatus
 from core.store import end_job, lost_jobs, requeue_job, set_queue_entry, stale_queued_jobs
+from core.store.lifecycle import restarts_used
 from core.store.sweeps import running_sweep_ids
 from core.stream import publish_status
 from core.sweeps.trials import advance
@@ -106,11 +92,6 @@ def _handle_waiting(db: Database, r: Redis, settings: Settings, job: Job, report
     enqueue_row(r, settings, job, entry)
     report.reenqueued.append(job.id)
     log.warning("job %s was queued but not on the queue; enqueued again", job.id)
-
-
-def restarts_used(job: Job) -> int:
-    """The attempts after the first that were restarts, not preemptions."""
-    return max(job.attempt - 1 - job.preemptions, 0)
 
 
 def handle_lost(db: Database, r: Redis, settings: Settings, job: Job, report: Report) -> None:
@@ -191,19 +172,6 @@ def _stop_silent_horse(r: Redis, job: Job) -> None:
     on: an attempt that turned out alive is never stopped."""
     if job.queue_entry and stop_entry(r, job.queue_entry):
         log.warning("job %s: sent RQ's stop command to its silent work horse", job.id)
-
-
-def enqueue_row(r: Redis, settings: Settings, job: Job, entry: str) -> None:
-    """The job row's spec and owner onto the queue under `entry`, which the row names."""
-    enqueue_job(
-        r,
-        queue=settings.queue,
-        job_id=job.id,
-        spec=job.spec,
-        owner=job.owner,
-        timeout_s=settings.job_timeout_s,
-        queue_entry=entry,
-    )
 
 
 def _publish(r: Redis, job: Job, payload: dict[str, object]) -> None:

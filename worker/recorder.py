@@ -1,4 +1,5 @@
-"""The trainer's callbacks for one attempt: its progress recorded in Redis and the database."""
+"""The trainer's callbacks for one attempt: its progress recorded in Redis and the database.
+See docs/jobs.md."""
 
 from __future__ import annotations
 
@@ -172,6 +173,12 @@ class Recorder:
             return
         self.unsaved = []
         self.stream.flush(force=True)  # before the end; if Redis is away, the database has them
+
+    def handed_back(self) -> None:
+        """The steps went back with the job (core.store.preempt_job): none left to store;
+        those Redis missed go out."""
+        self.unsaved = []
+        self.flush_history()
 
     def should_stop(self) -> bool:
         if self.heart.cancel_requested:

@@ -1,5 +1,5 @@
 """Database writes of a running attempt, retried through a blip: a lost connection, a server
-failing over, a full disk, a lock held too long."""
+failing over, a full disk, a lock held too long. See docs/jobs.md."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The RQ job function. Its import path, `worker.tasks.train`, is part of the queue contract
-(core.queue): keep it stable."""
+(core.queue): keep it stable. See docs/jobs.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
 """A sweep's trials over the queue: made when the sweep is created and each time one ends
-(`top_up`, then `advance` puts them on the queue), judged at each epoch's end (`judge_epoch`),
-canceled together (`cancel`), and reported (`report`).
-
-Where the next trial is decided, and why a crash neither loses one nor runs one twice:
-`top_up` reads the sweep under its row lock and makes exactly the trials missing (in
-flight below `parallel`, the budget not spent), numbered from the sweep's counter, in one
-transaction; a unique index on (sweep, trial number) backs the lock. It runs after every
-trial's end (the worker), after a trial is canceled (the API), and in every reconciler
-pass, so a crash between a trial's end and the next trial's creation is healed by the next
-pass, which asks the same question and, the sampler being seeded by the trial's number,
-gets the same answer. A trial's row commits before its queue entry is written; an entry
-lost in between is the reconciler's usual case of a queued job with no live entry."""
+(`top_up`, then `advance` puts them on the queue), judged at each epoch's end
+(`judge_epoch`), canceled together (`cancel`), and reported (`report`). See docs/jobs.md."""
 
 from __future__ import annotations
 
@@ -22,13 +12,12 @@ from typing import Any
 
 from pydantic import ValidationError
 from redis import Redis
-from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
 from core.config import Settings
 from core.db import Database, EpochMetric, Job, Sweep, as_utc, utcnow
 from core.errors import QuotaExceeded
-from core.queue import enqueue_job
+from core.queue import enqueue_or_leave
 from core.quotas import JobQuotas, lock_owner
 from core.spec import JobStatus
 from core.store import insert_jobs, new_job, request_cancel, spec_hash
@@ -209,20 +198,10 @@ def _trial_job(
 
 
 def enqueue(r: Redis, settings: Settings, jobs: Sequence[Job]) -> None:
-    """The committed trials onto the queue. An entry lost here (Redis away) is the
-    reconciler's: it enqueues a queued job with no live entry after its grace."""
+    """The committed trials onto the queue; with Redis away, the rest are the reconciler's
+    (core.queue.enqueue_or_leave)."""
     for job in jobs:
-        try:
-            enqueue_job(
-                r,
-                queue=settings.queue,
-                job_id=job.id,
-                spec=job.spec,
-                owner=job.owner,
-                timeout_s=settings.job_timeout_s,
-            )
-        except RedisError as e:
-            log.warning("trial %s committed but not enqueued (%s); the reconciler will", job.id, e)
+        if not enqueue_or_leave(r, settings, job, None, what="a trial committed"):
             return
 
 
