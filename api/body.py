@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 from starlette.datastructures import UploadFile
+
+from core.errors import TooLarge
 
 BODY_SLACK = 64 << 10  # multipart headers, boundaries and small fields; JSON brackets
 
@@ -26,16 +28,16 @@ class CappedRequest(Request):
     async def stream(self) -> AsyncGenerator[bytes, None]:
         length = self.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self._cap:
-            raise HTTPException(413, detail=self._detail)
+            raise TooLarge(self._detail)
         size = 0
         async for chunk in super().stream():
             size += len(chunk)
             if size > self._cap:
-                raise HTTPException(413, detail=self._detail)
+                raise TooLarge(self._detail)
             yield chunk
 
 
 def refuse_large_file(file: UploadFile, cap: int, what: str, limit: str) -> None:
     """A 413 for an uploaded file over `cap` bytes: "<what> is N bytes: at most <limit>"."""
     if file.size is not None and file.size > cap:
-        raise HTTPException(413, detail=f"{what} is {file.size} bytes: at most {limit}")
+        raise TooLarge(f"{what} is {file.size} bytes: at most {limit}")

@@ -1,19 +1,11 @@
-"""FastAPI dependencies: the database session, Redis, settings and the caller, and the one
-way async code reads the database.
-
-Reading the database from the API: a route that reads or writes it is a plain `def`, which
-FastAPI runs in its thread pool, and takes its session from `ReaderDep` (read-only; on
-SQLite it never waits for a writer) or `SessionDep` (the route commits it). An `async def`
-route, or anything else on the event loop (the live event feeds), never touches a session
-there: it awaits `read(db, fn, *args)`, which runs `fn(session, *args)` with a read-only
-session in the same thread pool. Nothing in the API writes from async code. Only what no
-route hands a session opens its own, on a thread it already runs on: the submitter's writer
-thread (POST /jobs) and the /metrics collector (called from its route's thread)."""
+"""FastAPI dependencies: what a route needs of the app (the database, Redis, settings, the
+caller, the process's limiters and caches), each a typed `...Dep`; and `read`, the one way
+async code reads the database. See docs/api.md."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Concatenate, ParamSpec, TypeVar
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
@@ -25,6 +17,14 @@ from sqlalchemy.orm import Session
 from api.auth import UNAUTHORIZED, Caller
 from core.config import Settings
 from core.db import Database, close_quietly
+
+if TYPE_CHECKING:
+    from api.events import EventHub
+    from api.images import DecodeBudget
+    from api.routes.health import HealthCache
+    from api.services.submitter import Submitter
+    from api.services.sweeps import SweepReports
+    from api.slots import KeySlots
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -64,6 +64,54 @@ async def get_redis(request: Request) -> Redis:
 async def get_async_redis(request: Request) -> AsyncRedis:
     r: AsyncRedis = request.app.state.aredis
     return r
+
+
+async def get_database(request: Request) -> Database:
+    """The Database itself, for what opens its own sessions (a deletion, a download's copy,
+    the reads of async routes through `read`)."""
+    db: Database = request.app.state.db
+    return db
+
+
+async def get_submitter(request: Request) -> Submitter:
+    submitter: Submitter = request.app.state.submitter
+    return submitter
+
+
+async def get_events(request: Request) -> EventHub:
+    hub: EventHub = request.app.state.events
+    return hub
+
+
+async def get_sweep_reports(request: Request) -> SweepReports:
+    reports: SweepReports = request.app.state.sweep_reports
+    return reports
+
+
+async def get_downloads(request: Request) -> KeySlots:
+    slots: KeySlots = request.app.state.downloads
+    return slots
+
+
+async def get_uploads(request: Request) -> KeySlots:
+    slots: KeySlots = request.app.state.uploads
+    return slots
+
+
+async def get_decode_budget(request: Request) -> DecodeBudget:
+    budget: DecodeBudget = request.app.state.decode_budget
+    return budget
+
+
+async def get_health_cache(request: Request) -> HealthCache:
+    cache: HealthCache = request.app.state.health
+    return cache
+
+
+async def get_admin_owners(request: Request) -> frozenset[str]:
+    """The owners of admin keys (they have no limits)."""
+    owners: frozenset[str] = request.app.state.admin_owners
+    return owners
 
 
 async def get_optional_caller(request: Request) -> Caller | None:
@@ -121,3 +169,12 @@ AsyncRedisDep = Annotated[AsyncRedis, Depends(get_async_redis)]
 CallerDep = Annotated[Caller, Depends(get_caller)]
 AdminDep = Annotated[Caller, Depends(get_admin)]
 OptionalCallerDep = Annotated[Caller | None, Depends(get_optional_caller)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
+SubmitterDep = Annotated["Submitter", Depends(get_submitter)]
+EventsDep = Annotated["EventHub", Depends(get_events)]
+SweepReportsDep = Annotated["SweepReports", Depends(get_sweep_reports)]
+DownloadsDep = Annotated["KeySlots", Depends(get_downloads)]
+UploadsDep = Annotated["KeySlots", Depends(get_uploads)]
+DecodeBudgetDep = Annotated["DecodeBudget", Depends(get_decode_budget)]
+HealthCacheDep = Annotated["HealthCache", Depends(get_health_cache)]
+AdminOwnersDep = Annotated[frozenset[str], Depends(get_admin_owners)]

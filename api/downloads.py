@@ -9,16 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from fastapi import HTTPException
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from api.errors import RETRY_AFTER_S
 from api.model_blob import ModelCopy, copy_model
 from api.slots import KeySlots, SlotLimit
 from core.config import Settings
 from core.db import Database
+from core.errors import Unavailable
 
 log = logging.getLogger("trainq.api")
 
@@ -40,11 +39,9 @@ def staged_model(db: Database, settings: Settings, *, job_id: str, format: str) 
         return copy_model(db, job_id=job_id, format=format, folder=settings.data_dir / "downloads")
     except OSError as e:
         log.warning("could not copy a model of job %s to send it: %s", job_id, e)
-        raise HTTPException(
-            503,
-            detail="the API has no room to stage this download (its data directory is full "
-            "or not writable); retry shortly",
-            headers={"Retry-After": RETRY_AFTER_S},
+        raise Unavailable(
+            "the API has no room to stage this download (its data directory is full "
+            "or not writable); retry shortly"
         ) from e
 
 

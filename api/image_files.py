@@ -27,13 +27,12 @@ _BOOL = TypeAdapter(bool)
 
 
 async def read_file_images(
-    request: Request, shape: tuple[int, int, int], invert: bool
+    request: Request, shape: tuple[int, int, int], invert: bool, budget: DecodeBudget
 ) -> torch.Tensor:
     """The request's files as an (N, C, H, W) tensor; `invert` or the form's own `invert`
     takes dark-on-light images. Decoding runs in the threadpool, never on the event loop."""
     files, form_invert = await _read_files(request)
     try:
-        budget = request.app.state.decode_budget
         return await run_in_threadpool(
             _images_from_files, files, shape, invert or form_invert, budget
         )

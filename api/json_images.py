@@ -14,13 +14,13 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from api.body import BODY_SLACK, CappedRequest
+from core.errors import TooLarge
 
 if TYPE_CHECKING:
     import torch
@@ -144,10 +144,9 @@ def _check_json_counts(body: bytes, shape: tuple[int, int, int], allowed: int) -
     containers = 2 + n * (1 + c + c * h)  # the object, `images`, each image, plane and row
     values = n * c * h * w
     if body.count(b"[") + body.count(b"{") > containers or body.count(b",") > containers + values:
-        raise HTTPException(
-            413,
-            detail=f"the JSON body holds more arrays or values than {allowed} images of "
-            f"{c}×{h}×{w} do: send fewer images, or PNG files",
+        raise TooLarge(
+            f"the JSON body holds more arrays or values than {allowed} images of "
+            f"{c}×{h}×{w} do: send fewer images, or PNG files"
         )
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastapi_offline
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from fastapi.openapi.docs import (
     get_redoc_html,
     get_swagger_ui_html,
     get_swagger_ui_oauth2_redirect_html,
 )
 from fastapi.responses import FileResponse, HTMLResponse
+
+from core.errors import NotFound
 
 ASSETS_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
 ASSETS_URL = "/docs/assets"  # public: api.auth.PUBLIC_PREFIXES
@@ -66,5 +68,5 @@ def redoc() -> HTMLResponse:
 def asset(name: str) -> FileResponse:
     path = ASSETS.get(name)
     if path is None:
-        raise HTTPException(404, detail="not found")
+        raise NotFound("not found")
     return FileResponse(path, media_type=MEDIA_TYPES[path.suffix])

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from fastapi.responses import FileResponse
+
+from core.errors import NotFound
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 MEDIA_TYPES = {
@@ -57,7 +59,7 @@ router = APIRouter(include_in_schema=False)
 def _serve(name: str) -> FileResponse:
     path = FILES.get(name)
     if path is None:
-        raise HTTPException(404, detail="not found")
+        raise NotFound("not found")
     return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers=HEADERS)
 
 

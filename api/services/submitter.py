@@ -49,7 +49,7 @@ from sqlalchemy.orm import Session
 
 from core.config import Settings
 from core.db import Database, Job
-from core.errors import DatasetGone, QuotaExceeded
+from core.errors import DatasetGone, QuotaExceeded, Unavailable
 from core.queue import enqueue_jobs
 from core.quotas import JobQuotas
 from core.spec import JobSpec, user_dataset_id
@@ -63,9 +63,9 @@ How = Literal["new", "found", "again", "refused"]  # refused: over quota, or its
 log = logging.getLogger("trainq.api")
 
 
-class OutcomeUnknown(Exception):
+class OutcomeUnknown(Unavailable):
     """The commit of a submission failed as far as the API can tell, and the database could
-    not say whether it took effect: the job may exist."""
+    not say whether it took effect: the job may exist. A 503 with Retry-After (api.errors)."""
 
 
 @dataclass(frozen=True)
