@@ -1,6 +1,5 @@
-"""What a caller may see, looked up: the jobs and data sets of the access policy
-(`api.auth.Caller.can_see`). Another owner's job or data set is answered exactly like a
-missing one, so that no key learns what others have."""
+"""What a caller may see, looked up (api.auth.Caller.can_see): another owner's job or data
+set is answered exactly like a missing one. See docs/api.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The FastAPI application."""
+"""The FastAPI application: what it holds while it runs, and its routers. See docs/api.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Request bodies with a size limit: past it, a 413 that says what the limit is.
-
-A route's `max_body_size` is fixed when the app is built; a route whose limit depends on the
-request (the model a prediction goes to) reads its body through `CappedRequest`. An
-uploaded file's size is known once the form is read: `refuse_large_file` checks it."""
+"""Request bodies with a size limit: past it, TooLarge (413) saying what the limit is.
+See docs/api.md."""
 
 from __future__ import annotations
 

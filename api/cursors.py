@@ -1,5 +1,5 @@
 """The cursor of a listing's pages (/jobs, /sweeps): the (created_at, id) of a page's last
-item, newest first, opaque to clients."""
+item, opaque to clients. See docs/api.md."""
 
 from __future__ import annotations
 

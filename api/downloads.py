@@ -1,8 +1,5 @@
-"""Model downloads in flight. Each is sent from a copy of the model on disk, made in one
-short read of the database (api.model_blob), so a client's pace never holds a
-transaction open; their number is still bounded per key and per API process (each holds a
-copy on disk and a thread while it is made), and a client that stops reading is cut off
-after download_send_timeout_s."""
+"""Model downloads in flight: each sent from its copy (api.model_blob), within the download
+slots (api.slots), and cut off when its client stops reading. See docs/jobs.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Errors to status codes, in one place. Nothing a client sends becomes a 500."""
+"""Errors to status codes, in one place: the named errors of core.errors, bad input,
+outages. Nothing a client sends becomes a 500. See docs/api.md."""
 
 from __future__ import annotations
 

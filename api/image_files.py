@@ -1,6 +1,5 @@
-"""Images sent to POST /jobs/{id}/predict as files: PNG or JPEG in the multipart field
-`files` (and an optional `invert` field), converted to the model's channels, resized to its
-H×W and scaled to [0, 1]."""
+"""Images sent to POST /jobs/{id}/predict as PNG or JPEG files, converted to the model's
+channels, resized to its H×W and scaled to [0, 1]. See docs/api.md."""
 
 from __future__ import annotations
 

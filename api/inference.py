@@ -1,14 +1,6 @@
-"""A job's model, in the format that answers fastest (api.formats.PREDICT_ORDER: ONNX on
-onnxruntime when the job offers it), and the classes it gives a batch of images.
-
-The model comes from the job's own stored artifact, sha256-checked before it is loaded, and
-stays in a small per-process LRU cache keyed by that sha256: a TorchScript or pt2 module, or
-an onnxruntime session.
-
-torch (and torchvision, through core.train) and onnxruntime are imported on the first
-prediction, not with the API: they add seconds and hundreds of MB to a process that
-otherwise never needs them.
-"""
+"""A job's model in the format that answers fastest (api.formats.PREDICT_ORDER), sha256-
+checked, cached per process by that sha256, and the classes it gives a batch of images;
+torch and onnxruntime are imported on the first prediction. See docs/api.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Images sent to POST /jobs/{id}/predict as JSON: `{"images": [...]}`, each image an H×W
-(grayscale) or C×H×W array of numbers in [0, 1], in the shape the model was trained on.
-
-The body is counted before it is parsed, so that what it parses into is bounded by what the
-allowed images need, and every check stops at MAX_ERRORS problems: a request of 200,000 bad
-numbers costs no more than a good one. `PredictRequest` is the contract for the OpenAPI
-page; `read_json_images` enforces it without building that model."""
+"""Images sent to POST /jobs/{id}/predict as JSON (`{"images": [...]}`), counted before
+they are parsed so that a bad body costs no more than a good one. See docs/api.md."""
 
 from __future__ import annotations
 

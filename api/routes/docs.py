@@ -1,9 +1,5 @@
-"""/docs (Swagger UI) and /redoc, with their scripts, styles and icon served from the files
-the `fastapi-offline` package ships: the pages load nothing from another origin (FastAPI's
-own pages fetch them from a CDN), so they work where the API has no internet.
-
-As in api/routes/web.py, only the files present at start-up are served, looked up by exact
-name: no path from a request reaches the file system."""
+"""/docs (Swagger UI) and /redoc, their assets served from the fastapi-offline package:
+nothing is loaded from another origin. See docs/api.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""/health: no key needed; says whether the database and Redis answer, and how many work.
-503 (with Retry-After) when either is away, so a container's or load balancer's health
-check fails. A Redis that answers but refuses writes (full: maxmemory with noeviction;
-MISCONF: it cannot persist to its disk; a read-only replica) is away too, as no job can be
-submitted, started or handed back: the probe writes one short-lived key. Worker names
-(host names) and their current jobs only to an admin key.
-
-Load balancers and every client poll it, so one process probes at most once a second
-and shares the answer (reading the workers costs RQ a Redis round trip per worker)."""
+"""/health: no key needed; whether the database and Redis answer (503 with Retry-After when
+either is away or Redis refuses writes), the queue and the workers; probed at most once a
+second per process. See docs/operations.md."""
 
 from __future__ import annotations
 

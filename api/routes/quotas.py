@@ -1,5 +1,5 @@
-"""/usage and /quotas: what each key may use (core.quotas) and uses. A key sees its own
-figures; an admin sees every owner's and sets the limits of any."""
+"""/usage and /quotas: what each key may use (core.quotas) and uses; admins see every
+owner's and set any one's limits. See docs/quotas.md."""
 
 from __future__ import annotations
 

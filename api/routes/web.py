@@ -1,9 +1,5 @@
-"""The web dashboard: `GET /` serves the page, `GET /static/{name}` its files.
-
-The page needs no key to load: it asks for one and sends it on every API call itself. Only
-the files that are in `api/static/` (or its folders, such as `vendor/uplot/`) when the API
-starts can be served, looked up by exact relative path, so no path from a request ever
-reaches the file system (no traversal, no listing)."""
+"""The web dashboard: `GET /` serves the page, `GET /static/{name}` its files (only those
+present at start-up, by exact path). See docs/operations.md."""
 
 from __future__ import annotations
 
