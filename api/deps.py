@@ -4,8 +4,8 @@ async code reads the database. See docs/api.md."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Annotated, Concatenate, ParamSpec, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
@@ -33,9 +33,15 @@ T = TypeVar("T")
 # dependency in its thread pool, a thread hop per dependency per request.
 
 
-async def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+def app_state(name: str) -> Callable[[Request], Awaitable[Any]]:
+    """A dependency that answers what the app holds as `name` (set by api.app.lifespan);
+    its type is the one its `...Dep` below declares."""
+
+    async def held(request: Request) -> Any:
+        return getattr(request.app.state, name)
+
+    held.__name__ = f"get_{name}"
+    return held
 
 
 async def get_db(request: Request) -> AsyncIterator[Session]:
@@ -54,64 +60,6 @@ async def get_reader(request: Request) -> AsyncIterator[Session]:
     db: Database = request.app.state.db
     with db.reader() as s:
         yield s
-
-
-async def get_redis(request: Request) -> Redis:
-    r: Redis = request.app.state.redis
-    return r
-
-
-async def get_async_redis(request: Request) -> AsyncRedis:
-    r: AsyncRedis = request.app.state.aredis
-    return r
-
-
-async def get_database(request: Request) -> Database:
-    """The Database itself, for what opens its own sessions (a deletion, a download's copy,
-    the reads of async routes through `read`)."""
-    db: Database = request.app.state.db
-    return db
-
-
-async def get_submitter(request: Request) -> Submitter:
-    submitter: Submitter = request.app.state.submitter
-    return submitter
-
-
-async def get_events(request: Request) -> EventHub:
-    hub: EventHub = request.app.state.events
-    return hub
-
-
-async def get_sweep_reports(request: Request) -> SweepReports:
-    reports: SweepReports = request.app.state.sweep_reports
-    return reports
-
-
-async def get_downloads(request: Request) -> KeySlots:
-    slots: KeySlots = request.app.state.downloads
-    return slots
-
-
-async def get_uploads(request: Request) -> KeySlots:
-    slots: KeySlots = request.app.state.uploads
-    return slots
-
-
-async def get_decode_budget(request: Request) -> DecodeBudget:
-    budget: DecodeBudget = request.app.state.decode_budget
-    return budget
-
-
-async def get_health_cache(request: Request) -> HealthCache:
-    cache: HealthCache = request.app.state.health
-    return cache
-
-
-async def get_admin_owners(request: Request) -> frozenset[str]:
-    """The owners of admin keys (they have no limits)."""
-    owners: frozenset[str] = request.app.state.admin_owners
-    return owners
 
 
 async def get_optional_caller(request: Request) -> Caller | None:
@@ -161,20 +109,21 @@ async def read(
     return await run_in_threadpool(in_reader)
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+SettingsDep = Annotated[Settings, Depends(app_state("settings"))]
 SessionDep = Annotated[Session, Depends(get_db)]
 ReaderDep = Annotated[Session, Depends(get_reader)]
-RedisDep = Annotated[Redis, Depends(get_redis)]
-AsyncRedisDep = Annotated[AsyncRedis, Depends(get_async_redis)]
+RedisDep = Annotated[Redis, Depends(app_state("redis"))]
+AsyncRedisDep = Annotated[AsyncRedis, Depends(app_state("aredis"))]
 CallerDep = Annotated[Caller, Depends(get_caller)]
 AdminDep = Annotated[Caller, Depends(get_admin)]
 OptionalCallerDep = Annotated[Caller | None, Depends(get_optional_caller)]
-DatabaseDep = Annotated[Database, Depends(get_database)]
-SubmitterDep = Annotated["Submitter", Depends(get_submitter)]
-EventsDep = Annotated["EventHub", Depends(get_events)]
-SweepReportsDep = Annotated["SweepReports", Depends(get_sweep_reports)]
-DownloadsDep = Annotated["KeySlots", Depends(get_downloads)]
-UploadsDep = Annotated["KeySlots", Depends(get_uploads)]
-DecodeBudgetDep = Annotated["DecodeBudget", Depends(get_decode_budget)]
-HealthCacheDep = Annotated["HealthCache", Depends(get_health_cache)]
-AdminOwnersDep = Annotated[frozenset[str], Depends(get_admin_owners)]
+DatabaseDep = Annotated[Database, Depends(app_state("db"))]
+SubmitterDep = Annotated["Submitter", Depends(app_state("submitter"))]
+EventsDep = Annotated["EventHub", Depends(app_state("events"))]
+SweepReportsDep = Annotated["SweepReports", Depends(app_state("sweep_reports"))]
+DownloadsDep = Annotated["KeySlots", Depends(app_state("downloads"))]
+UploadsDep = Annotated["KeySlots", Depends(app_state("uploads"))]
+DecodeBudgetDep = Annotated["DecodeBudget", Depends(app_state("decode_budget"))]
+HealthCacheDep = Annotated["HealthCache", Depends(app_state("health"))]
+# The owners of admin keys (they have no limits).
+AdminOwnersDep = Annotated[frozenset[str], Depends(app_state("admin_owners"))]

@@ -210,7 +210,7 @@ def _body_model(request: Request) -> Any:
     return field.field_info.annotation if field is not None else None
 
 
-def quota_refusal(exc: QuotaExceeded) -> JSONResponse:
+def quota_refusal(exc: QuotaExceeded | ProcessBusy) -> JSONResponse:
     """429 naming the limit, its value, the key's usage of it and the key's owner id, with
     Retry-After where waiting helps (api.schemas.QuotaProblem)."""
     body = {
@@ -227,18 +227,10 @@ def quota_refusal(exc: QuotaExceeded) -> JSONResponse:
 
 def busy_refusal(exc: ProcessBusy) -> JSONResponse:
     """429 with Retry-After: this process holds all it may at once. Event streams name the
-    limit and its value (`allowed`); downloads and uploads are shaped as a quota's refusal."""
-    if isinstance(exc, TooManyFollowers):
-        body: dict[str, Any] = {"detail": exc.message, "limit": exc.limit, "allowed": exc.allowed}
-    else:
-        body = {
-            "detail": exc.message,
-            "limit": exc.limit,
-            "value": exc.value,
-            "usage": exc.usage,
-            "owner": exc.owner,
-            "retry_after_s": exc.retry_after_s,
-        }
+    limit and its value (`allowed`); downloads and uploads answer as a quota does."""
+    if not isinstance(exc, TooManyFollowers):
+        return quota_refusal(exc)
+    body = {"detail": exc.message, "limit": exc.limit, "allowed": exc.allowed}
     return JSONResponse(body, status_code=429, headers={"Retry-After": str(exc.retry_after_s)})
 
 
