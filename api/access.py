@@ -1,17 +1,17 @@
-"""What a caller may see, looked up: the jobs and data sets of the access policy
-(`api.auth.Caller.can_see`). Another owner's job or data set is answered exactly like a
-missing one, so that no key learns what others have."""
+"""What a caller may see, looked up (api.auth.Caller.can_see): another owner's job or data
+set is answered exactly like a missing one. See docs/api.md."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Annotated, Any
 
-from fastapi import HTTPException, Query
+from fastapi import Query
 from sqlalchemy.orm import Session
 
 from api.auth import Caller
 from core.db import Job, UserDataset
+from core.errors import InvalidRequest, NotFound
 from core.spec import JobSpec, model_too_large, user_dataset_id
 from core.store import get_dataset, get_job, job_access
 
@@ -34,7 +34,7 @@ def visible_job(session: Session, caller: Caller, job_id: uuid.UUID) -> Job:
     """The job, if this caller may see it; 404 otherwise."""
     job = get_job(session, job_id=str(job_id))
     if job is None or not caller.can_see(job.owner):
-        raise HTTPException(404, detail=f"no job {job_id}")
+        raise NotFound(f"no job {job_id}")
     return job
 
 
@@ -42,7 +42,7 @@ def visible_status(session: Session, caller: Caller, job_id: str) -> str:
     """visible_job's check for routes that need only the status (no JSON columns loaded)."""
     row = job_access(session, job_id=job_id)
     if row is None or not caller.can_see(row.owner):
-        raise HTTPException(404, detail=f"no job {job_id}")
+        raise NotFound(f"no job {job_id}")
     return str(row.status)
 
 
@@ -62,13 +62,11 @@ def check_dataset(session: Session, caller: Caller, spec: JobSpec) -> None:
         return
     ds = visible_dataset(session, caller, ds_id)
     if ds is None:
-        raise HTTPException(422, detail=[no_dataset(spec)])
+        raise InvalidRequest([no_dataset(spec)])
     c, h, w = ds.image_shape
     too_large = model_too_large(spec, (c, h, w), ds.num_classes)
     if too_large:
-        raise HTTPException(
-            422, detail=[{"loc": ["body"], "msg": too_large, "type": "model_too_large"}]
-        )
+        raise InvalidRequest([{"loc": ["body"], "msg": too_large, "type": "model_too_large"}])
 
 
 def no_dataset(spec: JobSpec) -> dict[str, Any]:

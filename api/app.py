@@ -1,4 +1,4 @@
-"""The FastAPI application."""
+"""The FastAPI application: what it holds while it runs, and its routers. See docs/api.md."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from api.downloads import download_slots
 from api.events import IDLE_BLOCK_MS, EventHub
 from api.images import DecodeBudget, give_back_large_buffers
 from api.routes import datasets, docs, health, jobs, predict, quotas, sweeps, web
+from api.services.datasets import upload_slots
 from api.services.submitter import Submitter
+from api.services.sweeps import SweepReports
 from core.config import Settings
 from core.db import Database
 from core.redis_client import connect, connect_async
@@ -37,10 +39,10 @@ def lifespan(settings: Settings, redis_url: str) -> Lifespan:
         app.state.submitter = Submitter(app.state.db, redis_url, settings)
         app.state.events = EventHub(app.state.db, app.state.aredis, settings)
         app.state.downloads = download_slots(settings)
-        app.state.uploads = datasets.upload_slots(settings)
+        app.state.uploads = upload_slots(settings)
         app.state.decode_budget = DecodeBudget(settings.max_decode_bytes)
         give_back_large_buffers()
-        app.state.sweep_reports = sweeps.SweepReports(app.state.db)
+        app.state.sweep_reports = SweepReports(app.state.db)
         # Everything made so far lives as long as the process: out of the collector's sight,
         # full collections no longer walk it (each walk stalled every request in flight).
         gc.freeze()

@@ -1,11 +1,5 @@
-"""API keys. Each key in TRAINQ_API_KEYS is an owner and sees only its own jobs; a key in
-TRAINQ_ADMIN_KEYS sees all. Keys are compared in constant time; an owner is known by a
-hash of its key, so keys are never stored with the jobs. A configured entry may itself be
-`sha256:<hex digest of the key>`, so the server's environment need not hold the key.
-
-The key is checked by `RequireKey`, before routing and before anything reads the body: a
-caller without a key costs the parse of its headers, never a body (a 200 MiB upload, a
-malformed JSON body answered 422)."""
+"""API keys: each key an owner that sees its own jobs, admin keys all; compared in constant
+time, checked before routing and before any body is read. See docs/api.md."""
 
 from __future__ import annotations
 

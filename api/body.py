@@ -1,15 +1,14 @@
-"""Request bodies with a size limit: past it, a 413 that says what the limit is.
-
-A route's `max_body_size` is fixed when the app is built; a route whose limit depends on the
-request (the model a prediction goes to) reads its body through `CappedRequest`. An
-uploaded file's size is known once the form is read: `refuse_large_file` checks it."""
+"""Request bodies with a size limit: past it, TooLarge (413) saying what the limit is.
+See docs/api.md."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 from starlette.datastructures import UploadFile
+
+from core.errors import TooLarge
 
 BODY_SLACK = 64 << 10  # multipart headers, boundaries and small fields; JSON brackets
 
@@ -26,16 +25,16 @@ class CappedRequest(Request):
     async def stream(self) -> AsyncGenerator[bytes, None]:
         length = self.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self._cap:
-            raise HTTPException(413, detail=self._detail)
+            raise TooLarge(self._detail)
         size = 0
         async for chunk in super().stream():
             size += len(chunk)
             if size > self._cap:
-                raise HTTPException(413, detail=self._detail)
+                raise TooLarge(self._detail)
             yield chunk
 
 
 def refuse_large_file(file: UploadFile, cap: int, what: str, limit: str) -> None:
     """A 413 for an uploaded file over `cap` bytes: "<what> is N bytes: at most <limit>"."""
     if file.size is not None and file.size > cap:
-        raise HTTPException(413, detail=f"{what} is {file.size} bytes: at most {limit}")
+        raise TooLarge(f"{what} is {file.size} bytes: at most {limit}")

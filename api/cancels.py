@@ -1,6 +1,6 @@
 """Telling Redis of a committed cancel: a running attempt is asked to stop at once (it also
 reads the flag from the database with its heartbeat), and a queued job's followers see its
-end."""
+end. See docs/jobs.md."""
 
 from __future__ import annotations
 

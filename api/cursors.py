@@ -1,5 +1,5 @@
 """The cursor of a listing's pages (/jobs, /sweeps): the (created_at, id) of a page's last
-item, newest first, opaque to clients."""
+item, opaque to clients. See docs/api.md."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import binascii
 import datetime as dt
 import uuid
 
-from fastapi import HTTPException
+from core.errors import InvalidRequest
 
 
 def encode_cursor(created_at: dt.datetime, item_id: str) -> str:
@@ -28,5 +28,5 @@ def decode_cursor(cursor: str) -> tuple[str, str]:
             "msg": "not a cursor from a previous page",
             "type": "value_error",
         }
-        raise HTTPException(422, detail=[problem]) from e
+        raise InvalidRequest([problem]) from e
     return created, item_id

@@ -1,12 +1,5 @@
-"""DELETE of a job: everything trainq keeps of it, in the database and in Redis.
-
-The order is what makes a crash harmless. First the job's queue entries leave Redis: a
-queue entry whose job has no row is admitted by a worker as a job sent straight to the
-queue, so none may outlive the row (for an ended job they would run nothing anyway). Then
-the database, in one transaction: the row and all its results, or nothing, so no row ever
-claims a model or steps it no longer has. Last the job's stream keys, which expire an hour
-after the job's end anyway (core.stream.FINISHED_TTL_S) should a crash or a Redis outage
-leave them."""
+"""DELETE of a job: its queue entries first, then its rows in one transaction, then its
+stream keys, in the order that makes a crash harmless. See docs/jobs.md."""
 
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
-"""FastAPI dependencies: the database session, Redis, settings and the caller, and the one
-way async code reads the database.
-
-Reading the database from the API: a route that reads or writes it is a plain `def`, which
-FastAPI runs in its thread pool, and takes its session from `ReaderDep` (read-only; on
-SQLite it never waits for a writer) or `SessionDep` (the route commits it). An `async def`
-route, or anything else on the event loop (the live event feeds), never touches a session
-there: it awaits `read(db, fn, *args)`, which runs `fn(session, *args)` with a read-only
-session in the same thread pool. Nothing in the API writes from async code. Only what no
-route hands a session opens its own, on a thread it already runs on: the submitter's writer
-thread (POST /jobs) and the /metrics collector (called from its route's thread)."""
+"""FastAPI dependencies: what a route needs of the app (the database, Redis, settings, the
+caller, the process's limiters and caches), each a typed `...Dep`; and `read`, the one way
+async code reads the database. See docs/api.md."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Concatenate, ParamSpec, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
@@ -26,6 +18,14 @@ from api.auth import UNAUTHORIZED, Caller
 from core.config import Settings
 from core.db import Database, close_quietly
 
+if TYPE_CHECKING:
+    from api.events import EventHub
+    from api.images import DecodeBudget
+    from api.routes.health import HealthCache
+    from api.services.submitter import Submitter
+    from api.services.sweeps import SweepReports
+    from api.slots import KeySlots
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -33,9 +33,15 @@ T = TypeVar("T")
 # dependency in its thread pool, a thread hop per dependency per request.
 
 
-async def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+def app_state(name: str) -> Callable[[Request], Awaitable[Any]]:
+    """A dependency that answers what the app holds as `name` (set by api.app.lifespan);
+    its type is the one its `...Dep` below declares."""
+
+    async def held(request: Request) -> Any:
+        return getattr(request.app.state, name)
+
+    held.__name__ = f"get_{name}"
+    return held
 
 
 async def get_db(request: Request) -> AsyncIterator[Session]:
@@ -54,16 +60,6 @@ async def get_reader(request: Request) -> AsyncIterator[Session]:
     db: Database = request.app.state.db
     with db.reader() as s:
         yield s
-
-
-async def get_redis(request: Request) -> Redis:
-    r: Redis = request.app.state.redis
-    return r
-
-
-async def get_async_redis(request: Request) -> AsyncRedis:
-    r: AsyncRedis = request.app.state.aredis
-    return r
 
 
 async def get_optional_caller(request: Request) -> Caller | None:
@@ -113,11 +109,21 @@ async def read(
     return await run_in_threadpool(in_reader)
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+SettingsDep = Annotated[Settings, Depends(app_state("settings"))]
 SessionDep = Annotated[Session, Depends(get_db)]
 ReaderDep = Annotated[Session, Depends(get_reader)]
-RedisDep = Annotated[Redis, Depends(get_redis)]
-AsyncRedisDep = Annotated[AsyncRedis, Depends(get_async_redis)]
+RedisDep = Annotated[Redis, Depends(app_state("redis"))]
+AsyncRedisDep = Annotated[AsyncRedis, Depends(app_state("aredis"))]
 CallerDep = Annotated[Caller, Depends(get_caller)]
 AdminDep = Annotated[Caller, Depends(get_admin)]
 OptionalCallerDep = Annotated[Caller | None, Depends(get_optional_caller)]
+DatabaseDep = Annotated[Database, Depends(app_state("db"))]
+SubmitterDep = Annotated["Submitter", Depends(app_state("submitter"))]
+EventsDep = Annotated["EventHub", Depends(app_state("events"))]
+SweepReportsDep = Annotated["SweepReports", Depends(app_state("sweep_reports"))]
+DownloadsDep = Annotated["KeySlots", Depends(app_state("downloads"))]
+UploadsDep = Annotated["KeySlots", Depends(app_state("uploads"))]
+DecodeBudgetDep = Annotated["DecodeBudget", Depends(app_state("decode_budget"))]
+HealthCacheDep = Annotated["HealthCache", Depends(app_state("health"))]
+# The owners of admin keys (they have no limits).
+AdminOwnersDep = Annotated[frozenset[str], Depends(app_state("admin_owners"))]

@@ -1,24 +1,20 @@
-"""Model downloads in flight. Each is sent from a copy of the model on disk, made in one
-short read of the database (api.model_blob), so a client's pace never holds a
-transaction open; their number is still bounded per key and per API process (each holds a
-copy on disk and a thread while it is made), and a client that stops reading is cut off
-after download_send_timeout_s."""
+"""Model downloads in flight: each sent from its copy (api.model_blob), within the download
+slots (api.slots), and cut off when its client stops reading. See docs/jobs.md."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from fastapi import HTTPException
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from api.errors import RETRY_AFTER_S
 from api.model_blob import ModelCopy, copy_model
 from api.slots import KeySlots, SlotLimit
 from core.config import Settings
 from core.db import Database
+from core.errors import Unavailable
 
 log = logging.getLogger("trainq.api")
 
@@ -40,11 +36,9 @@ def staged_model(db: Database, settings: Settings, *, job_id: str, format: str) 
         return copy_model(db, job_id=job_id, format=format, folder=settings.data_dir / "downloads")
     except OSError as e:
         log.warning("could not copy a model of job %s to send it: %s", job_id, e)
-        raise HTTPException(
-            503,
-            detail="the API has no room to stage this download (its data directory is full "
-            "or not writable); retry shortly",
-            headers={"Retry-After": RETRY_AFTER_S},
+        raise Unavailable(
+            "the API has no room to stage this download (its data directory is full "
+            "or not writable); retry shortly"
         ) from e
 
 

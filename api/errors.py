@@ -1,4 +1,5 @@
-"""Errors to status codes, in one place. Nothing a client sends becomes a 500."""
+"""Errors to status codes, in one place: the named errors of core.errors, bad input,
+outages. Nothing a client sends becomes a 500. See docs/api.md."""
 
 from __future__ import annotations
 
@@ -18,24 +19,44 @@ from starlette.exceptions import HTTPException
 
 from api.images import DecodeBusy
 from core.errors import (
+    AlreadyEnded,
     DatasetInUse,
+    IdempotencyKeyReused,
+    InvalidRequest,
     JobActive,
     ModelDamaged,
     ModelPurged,
+    NoModel,
+    NoRecord,
+    NotFound,
+    ProcessBusy,
     QuotaExceeded,
+    TooLarge,
     TooManyFollowers,
     TrainqError,
+    Unavailable,
+    UnsupportedMediaType,
 )
 from core.field_errors import readable
 
 log = logging.getLogger("trainq.api")
 JSON_HINT = "send a JSON object with Content-Type: application/json"
-# The named errors a route lets through, and what each answers.
+# The named errors a route lets through, and what each answers (a subclass answers as its
+# base: api.services.submitter.OutcomeUnknown is Unavailable).
 STATUS: dict[type[TrainqError], int] = {
+    NotFound: 404,
+    AlreadyEnded: 409,
+    NoModel: 409,
+    NoRecord: 409,
+    IdempotencyKeyReused: 409,
     JobActive: 409,
     DatasetInUse: 409,
     ModelPurged: 410,
+    TooLarge: 413,
+    UnsupportedMediaType: 415,
+    InvalidRequest: 422,
     ModelDamaged: 500,  # the stored bytes, not the request: retrying does not help
+    Unavailable: 503,
 }
 RETRY_AFTER_S = "5"
 # A full Redis frees memory as streams of ended jobs expire, or when an operator acts:
@@ -58,6 +79,13 @@ def _json_safe(value: Any) -> Any:
 
 
 def install(app: FastAPI) -> None:
+    """Every error a route may let through, mapped to its answer."""
+    _install_bad_input(app)
+    _install_refusals(app)
+    _install_outages(app)
+
+
+def _install_bad_input(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         """422 naming each field (`loc`), also when the input held NaN or Infinity, each
@@ -78,19 +106,33 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def refused_by_route(request: Request, exc: HTTPException) -> Response:
-        """A route's own refusal, as FastAPI answers it, its detail made JSON-safe: a
-        detail may quote what the client sent."""
+        """A refusal of FastAPI's or of a body reader's, as FastAPI answers it, its detail
+        made JSON-safe: a detail may quote what the client sent."""
         safe = HTTPException(exc.status_code, _json_safe(exc.detail), exc.headers)
         return await http_exception_handler(request, safe)
 
+
+def _install_refusals(app: FastAPI) -> None:
     async def refused(_: Request, exc: Exception) -> JSONResponse:
         """trainq's named refusals (core.errors), each with its status code."""
         assert isinstance(exc, TrainqError)
-        return JSONResponse({"detail": exc.message}, status_code=STATUS[type(exc)])
+        return named_refusal(exc)
 
     for error in STATUS:
         app.add_exception_handler(error, refused)
 
+    @app.exception_handler(QuotaExceeded)
+    async def over_quota(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, QuotaExceeded)
+        return quota_refusal(exc)
+
+    @app.exception_handler(ProcessBusy)
+    async def process_busy(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ProcessBusy)
+        return busy_refusal(exc)
+
+
+def _install_outages(app: FastAPI) -> None:
     @app.exception_handler(RedisError)
     async def redis_away(_: Request, exc: Exception) -> JSONResponse:
         """Any Redis failure, not only a lost connection: a refused command (a server out
@@ -99,17 +141,6 @@ def install(app: FastAPI) -> None:
             what = "the queue (Redis) is full: it refuses writes past its maxmemory"
             return _unavailable(what, exc, FULL_RETRY_AFTER_S)
         return _unavailable("the queue (Redis) is unavailable or refused the command", exc)
-
-    @app.exception_handler(QuotaExceeded)
-    async def over_quota(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, QuotaExceeded)
-        return quota_refusal(exc)
-
-    @app.exception_handler(TooManyFollowers)
-    async def too_many_followers(_: Request, exc: TooManyFollowers) -> JSONResponse:
-        """429 naming the limit: the client may follow again once one of its streams ends."""
-        body = {"detail": exc.message, "limit": exc.limit, "allowed": exc.allowed}
-        return JSONResponse(body, status_code=429, headers={"Retry-After": RETRY_AFTER_S})
 
     @app.exception_handler(DecodeBusy)
     async def decodes_busy(_: Request, exc: Exception) -> JSONResponse:
@@ -122,6 +153,15 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(OperationalError)
     async def database_busy(_: Request, exc: Exception) -> JSONResponse:
         return _unavailable("the database is busy or unavailable", exc)
+
+
+def named_refusal(exc: TrainqError) -> JSONResponse:
+    """`{"detail": ...}` with the status of the error's class (or of its nearest base in
+    STATUS); 422 carries its problems, 503 a Retry-After."""
+    status = next(STATUS[c] for c in type(exc).__mro__ if c in STATUS)
+    detail: Any = exc.problems if isinstance(exc, InvalidRequest) else exc.message
+    headers = {"Retry-After": RETRY_AFTER_S} if isinstance(exc, Unavailable) else None
+    return JSONResponse({"detail": _json_safe(detail)}, status_code=status, headers=headers)
 
 
 def _problem(request: Request, error: dict[str, Any]) -> dict[str, Any]:
@@ -170,7 +210,7 @@ def _body_model(request: Request) -> Any:
     return field.field_info.annotation if field is not None else None
 
 
-def quota_refusal(exc: QuotaExceeded) -> JSONResponse:
+def quota_refusal(exc: QuotaExceeded | ProcessBusy) -> JSONResponse:
     """429 naming the limit, its value, the key's usage of it and the key's owner id, with
     Retry-After where waiting helps (api.schemas.QuotaProblem)."""
     body = {
@@ -183,6 +223,15 @@ def quota_refusal(exc: QuotaExceeded) -> JSONResponse:
     }
     headers = {} if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
     return JSONResponse(body, status_code=429, headers=headers)
+
+
+def busy_refusal(exc: ProcessBusy) -> JSONResponse:
+    """429 with Retry-After: this process holds all it may at once. Event streams name the
+    limit and its value (`allowed`); downloads and uploads answer as a quota does."""
+    if not isinstance(exc, TooManyFollowers):
+        return quota_refusal(exc)
+    body = {"detail": exc.message, "limit": exc.limit, "allowed": exc.allowed}
+    return JSONResponse(body, status_code=429, headers={"Retry-After": str(exc.retry_after_s)})
 
 
 def out_of_memory(exc: Exception) -> bool:

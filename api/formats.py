@@ -1,5 +1,5 @@
-"""A job's model formats over HTTP: how each is served, which ones a job offers, why one is
-not offered, which one a download sends by default and which one answers predictions."""
+"""A job's model formats over HTTP: which it offers, why one is not, which a download sends
+by default and which answers predictions. See docs/jobs.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Images sent to POST /jobs/{id}/predict as files: PNG or JPEG in the multipart field
-`files` (and an optional `invert` field), converted to the model's channels, resized to its
-H×W and scaled to [0, 1]."""
+"""Images sent to POST /jobs/{id}/predict as PNG or JPEG files, converted to the model's
+channels, resized to its H×W and scaled to [0, 1]. See docs/api.md."""
 
 from __future__ import annotations
 
@@ -27,13 +26,12 @@ _BOOL = TypeAdapter(bool)
 
 
 async def read_file_images(
-    request: Request, shape: tuple[int, int, int], invert: bool
+    request: Request, shape: tuple[int, int, int], invert: bool, budget: DecodeBudget
 ) -> torch.Tensor:
     """The request's files as an (N, C, H, W) tensor; `invert` or the form's own `invert`
     takes dark-on-light images. Decoding runs in the threadpool, never on the event loop."""
     files, form_invert = await _read_files(request)
     try:
-        budget = request.app.state.decode_budget
         return await run_in_threadpool(
             _images_from_files, files, shape, invert or form_invert, budget
         )

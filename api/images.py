@@ -1,5 +1,5 @@
-"""PNG and JPEG images as a model's input: one conversion to the model's channels, for the
-images a prediction is asked for and the images of an uploaded data set alike."""
+"""PNG and JPEG images as a model's input, for predictions and uploaded data sets alike,
+decoded within the process's decode budget. See docs/datasets.md."""
 
 from __future__ import annotations
 

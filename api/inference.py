@@ -1,14 +1,6 @@
-"""A job's model, in the format that answers fastest (api.formats.PREDICT_ORDER: ONNX on
-onnxruntime when the job offers it), and the classes it gives a batch of images.
-
-The model comes from the job's own stored artifact, sha256-checked before it is loaded, and
-stays in a small per-process LRU cache keyed by that sha256: a TorchScript or pt2 module, or
-an onnxruntime session.
-
-torch (and torchvision, through core.train) and onnxruntime are imported on the first
-prediction, not with the API: they add seconds and hundreds of MB to a process that
-otherwise never needs them.
-"""
+"""A job's model in the format that answers fastest (api.formats.PREDICT_ORDER), sha256-
+checked, cached per process by that sha256, and the classes it gives a batch of images;
+torch and onnxruntime are imported on the first prediction. See docs/api.md."""
 
 from __future__ import annotations
 
@@ -18,13 +10,13 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import read
 from core.db import Database, allow_time_for
+from core.errors import ModelDamaged, NoModel
 from core.spec import ExportFormat
 from core.store import get_artifact
 
@@ -87,13 +79,12 @@ models = ModelCache(MODEL_CACHE_SIZE)
 
 
 async def classify(
-    request: Request, job_id: str, fmt: ExportFormat, sha256: str, images: torch.Tensor
+    db: Database, job_id: str, fmt: ExportFormat, sha256: str, images: torch.Tensor
 ) -> PredictOut:
     """The job's model in `fmt` (the one whose artifact has this sha256) applied to
     `images`."""
     model, sha = models.get(sha256), sha256
     if model is None:
-        db: Database = request.app.state.db
         blob, sha = await read(db, _stored_model, job_id, fmt)
         model = await run_in_threadpool(_load, job_id, fmt, blob, sha)
     return await run_in_threadpool(_run_model, model, job_id, fmt, sha, images)
@@ -103,7 +94,7 @@ def _stored_model(session: Session, job_id: str, fmt: ExportFormat) -> tuple[byt
     """The artifact's bytes and the sha256 stored with them."""
     art = get_artifact(session, job_id=job_id, format=fmt)
     if art is None:
-        raise HTTPException(409, detail=f"job {job_id} has no stored {fmt} model")
+        raise NoModel(f"job {job_id} has no stored {fmt} model")
     allow_time_for(session, art.size)
     return art.data, art.sha256
 
@@ -113,16 +104,14 @@ def _load(job_id: str, fmt: ExportFormat, blob: bytes, sha256: str) -> Any:
     sha256."""
     if hashlib.sha256(blob).hexdigest() != sha256:
         log.error("job %s: stored %s model failed its sha256 check", job_id, fmt)
-        raise HTTPException(500, detail=f"job {job_id}: the stored model failed its sha256 check")
+        raise ModelDamaged(f"job {job_id}: the stored model failed its sha256 check")
     from core.train.verify_export import load_model
 
     try:
         model = load_model(fmt, blob, threads=ONNX_THREADS)
     except Exception as e:
         log.exception("job %s: stored %s model does not load", job_id, fmt)
-        raise HTTPException(
-            500, detail=f"job {job_id}: the stored model does not load as {fmt}"
-        ) from e
+        raise ModelDamaged(f"job {job_id}: the stored model does not load as {fmt}") from e
     models.put(sha256, model)
     return model
 
@@ -135,9 +124,7 @@ def _run_model(
     with torch.inference_mode():
         logits = model(images)
         if logits.dim() != 2 or logits.shape[0] != images.shape[0]:
-            raise HTTPException(
-                500, detail=f"job {job_id}: the model returned {list(logits.shape)}"
-            )
+            raise ModelDamaged(f"job {job_id}: the model returned {list(logits.shape)}")
         probs = logits.float().softmax(1)
         classes = probs.argmax(1)
     return PredictOut.model_validate(

@@ -1,10 +1,5 @@
-"""Images sent to POST /jobs/{id}/predict as JSON: `{"images": [...]}`, each image an H×W
-(grayscale) or C×H×W array of numbers in [0, 1], in the shape the model was trained on.
-
-The body is counted before it is parsed, so that what it parses into is bounded by what the
-allowed images need, and every check stops at MAX_ERRORS problems: a request of 200,000 bad
-numbers costs no more than a good one. `PredictRequest` is the contract for the OpenAPI
-page; `read_json_images` enforces it without building that model."""
+"""Images sent to POST /jobs/{id}/predict as JSON (`{"images": [...]}`), counted before
+they are parsed so that a bad body costs no more than a good one. See docs/api.md."""
 
 from __future__ import annotations
 
@@ -14,13 +9,13 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from api.body import BODY_SLACK, CappedRequest
+from core.errors import TooLarge
 
 if TYPE_CHECKING:
     import torch
@@ -144,10 +139,9 @@ def _check_json_counts(body: bytes, shape: tuple[int, int, int], allowed: int) -
     containers = 2 + n * (1 + c + c * h)  # the object, `images`, each image, plane and row
     values = n * c * h * w
     if body.count(b"[") + body.count(b"{") > containers or body.count(b",") > containers + values:
-        raise HTTPException(
-            413,
-            detail=f"the JSON body holds more arrays or values than {allowed} images of "
-            f"{c}×{h}×{w} do: send fewer images, or PNG files",
+        raise TooLarge(
+            f"the JSON body holds more arrays or values than {allowed} images of "
+            f"{c}×{h}×{w} do: send fewer images, or PNG files"
         )
 
 

@@ -1,5 +1,5 @@
 """The base of the API's plain ASGI middlewares: Starlette's BaseHTTPMiddleware costs a task
-and a stream per request."""
+and a stream per request. See docs/performance.md."""
 
 from __future__ import annotations
 

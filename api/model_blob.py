@@ -1,10 +1,6 @@
-"""A stored model copied out of the database in one short read: chunk by chunk from one
-snapshot into an unnamed file, checked against its sha256, and the snapshot closed before a
-byte is sent. A download then sends the file at its client's pace while holding nothing in
-the database: no SQLite read transaction that keeps the WAL from being checkpointed, no
-PostgreSQL snapshot that holds back vacuum. A job deleted or purged while its model is sent
-still sends the model it had, whole; a model damaged in storage is refused before its
-response starts."""
+"""A stored model copied out of the database in one short read into an unnamed file,
+sha256-checked, so a download holds nothing in the database while it is sent.
+See docs/jobs.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""GET /metrics in Prometheus format: jobs by status, bytes stored by kind, queue depth,
-workers alive, API request latency, the event streams (open, and let go as lagging), and
-for an admin key each worker's training images/s, step time and GPU memory (labelled by
-the worker's name, which carries its host's). With several API processes behind one
-port, the latencies are those of all of them, whichever answers."""
+"""GET /metrics in Prometheus format: jobs, storage, the queue, workers, request latency,
+event streams, and per-worker figures for admin keys. See docs/operations.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The HTTP contract's response models (documented in OpenAPI at /docs)."""
+"""The HTTP contract's response models (documented in OpenAPI at /docs). See docs/api.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""What a route holds while it runs (model downloads being sent, uploads being checked),
-counted per key and per API process: past a key's share that key is refused (429) and the
-other keys go on; past the process's limit every key is. Routes run in threads, hence the
-lock."""
+"""The one limiter of what an API process holds at once (downloads open, uploads being
+checked, event streams), per key and in all; past either, ProcessBusy (429).
+See docs/quotas.md."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from api.errors import RETRY_AFTER_S
-from core.errors import QuotaExceeded
+from core.errors import ProcessBusy
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class KeySlots:
         self._lock = threading.Lock()
 
     def take(self, owner: str) -> None:
-        """Count one more of `owner`'s, or raise QuotaExceeded (429 with Retry-After)."""
+        """Count one more of `owner`'s, or raise ProcessBusy (429 with Retry-After)."""
         with self._lock:
             if self.open.total() >= self.per_process.allowed:
                 held = f"{self.per_process.allowed} {self.what} in this API process"
@@ -54,14 +53,13 @@ class KeySlots:
         finally:
             self.release(owner)
 
-    def _refusal(self, limit: SlotLimit, owner: str, held: str) -> QuotaExceeded:
+    def _refusal(self, limit: SlotLimit, owner: str, held: str) -> ProcessBusy:
         others = " (other keys' go on)" if limit is self.per_key else ""
-        return QuotaExceeded(
+        return ProcessBusy(
             f"{held} already, the most {limit.setting} allows{others}: retry shortly, when one "
             "has ended",
             limit=limit.setting,
             value=limit.allowed,
-            usage=limit.allowed,
             owner=owner,
             retry_after_s=int(RETRY_AFTER_S),
         )

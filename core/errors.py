@@ -175,18 +175,40 @@ class QuotaExceeded(TrainqError):
         self.retry_after_s = retry_after_s
 
 
-class TooManyFollowers(TrainqError):
+class ProcessBusy(TrainqError):
+    """One API process holds all it may of something at once (downloads open, uploads being
+    checked, event streams), for one key or in all: `limit` names the setting, `value` its
+    value (all of it in use, `usage`). Not a quota: it frees itself as those end, so
+    `retry_after_s` is always set."""
+
+    code = "process_busy"
+
+    def __init__(
+        self, message: str, *, limit: str, value: int, owner: str, retry_after_s: int
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
+        self.usage = value
+        self.owner = owner
+        self.retry_after_s = retry_after_s
+
+
+class TooManyFollowers(ProcessBusy):
     """An event stream past a limit on those open at once (`limit`: the setting, per key or
     per API process)."""
 
     code = "too_many_followers"
 
-    def __init__(self, limit: str, allowed: int) -> None:
+    def __init__(self, limit: str, allowed: int, owner: str, retry_after_s: int) -> None:
         super().__init__(
             f"{allowed} event streams are open already, the most {limit} allows: close one, "
-            "or retry later"
+            "or retry later",
+            limit=limit,
+            value=allowed,
+            owner=owner,
+            retry_after_s=retry_after_s,
         )
-        self.limit = limit
         self.allowed = allowed
 
 
@@ -209,7 +231,9 @@ class DatasetGone(TrainqError):
 
 
 class ModelDamaged(TrainqError):
-    """A stored model whose bytes do not match the sha256 and size stored with them."""
+    """A stored model that cannot serve: its bytes do not match the sha256 and size stored
+    with them, it does not load, it answers in another shape, or its run record lacks the
+    input shape it takes."""
 
     code = "model_damaged"
 
@@ -218,3 +242,62 @@ class ModelPurged(TrainqError):
     """The model of a job whose results the retention policy (or `trainq gc`) removed."""
 
     code = "purged"
+
+
+class NotFound(TrainqError):
+    """No such job, sweep, data set or page; another owner's reads the same (api.access)."""
+
+    code = "not_found"
+
+
+class AlreadyEnded(TrainqError):
+    """A cancel of a job or sweep that has ended already."""
+
+    code = "already_ended"
+
+
+class NoModel(TrainqError):
+    """A job with no model to send or run (yet): not succeeded, or none in that format."""
+
+    code = "no_model"
+
+
+class NoRecord(TrainqError):
+    """A job with no run record yet."""
+
+    code = "no_record"
+
+
+class IdempotencyKeyReused(TrainqError):
+    """An Idempotency-Key sent again with another body: the key names one creation."""
+
+    code = "idempotency_key_reused"
+
+
+class InvalidRequest(TrainqError):
+    """A request that parses but is refused field by field; `problems` are shaped as
+    FastAPI's validation errors (`loc`, `msg`, `type`)."""
+
+    code = "invalid_request"
+
+    def __init__(self, problems: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(str(p.get("msg", "")) for p in problems))
+        self.problems = problems
+
+
+class TooLarge(TrainqError):
+    """A request, or a file in it, over a size limit."""
+
+    code = "too_large"
+
+
+class UnsupportedMediaType(TrainqError):
+    """A body in a media type the route does not read."""
+
+    code = "unsupported_media_type"
+
+
+class Unavailable(TrainqError):
+    """The API cannot answer now through no fault of the client's: retry shortly."""
+
+    code = "unavailable"

@@ -1,22 +1,20 @@
-"""/docs (Swagger UI) and /redoc, with their scripts, styles and icon served from the files
-the `fastapi-offline` package ships: the pages load nothing from another origin (FastAPI's
-own pages fetch them from a CDN), so they work where the API has no internet.
-
-As in api/routes/web.py, only the files present at start-up are served, looked up by exact
-name: no path from a request reaches the file system."""
+"""/docs (Swagger UI) and /redoc, their assets served from the fastapi-offline package:
+nothing is loaded from another origin. See docs/api.md."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import fastapi_offline
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from fastapi.openapi.docs import (
     get_redoc_html,
     get_swagger_ui_html,
     get_swagger_ui_oauth2_redirect_html,
 )
 from fastapi.responses import FileResponse, HTMLResponse
+
+from core.errors import NotFound
 
 ASSETS_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
 ASSETS_URL = "/docs/assets"  # public: api.auth.PUBLIC_PREFIXES
@@ -66,5 +64,5 @@ def redoc() -> HTMLResponse:
 def asset(name: str) -> FileResponse:
     path = ASSETS.get(name)
     if path is None:
-        raise HTTPException(404, detail="not found")
+        raise NotFound("not found")
     return FileResponse(path, media_type=MEDIA_TYPES[path.suffix])

@@ -1,12 +1,6 @@
-"""/health: no key needed; says whether the database and Redis answer, and how many work.
-503 (with Retry-After) when either is away, so a container's or load balancer's health
-check fails. A Redis that answers but refuses writes (full: maxmemory with noeviction;
-MISCONF: it cannot persist to its disk; a read-only replica) is away too, as no job can be
-submitted, started or handed back: the probe writes one short-lived key. Worker names
-(host names) and their current jobs only to an admin key.
-
-Load balancers and every client poll it, so one process probes at most once a second
-and shares the answer (reading the workers costs RQ a Redis round trip per worker)."""
+"""/health: no key needed; whether the database and Redis answer (503 with Retry-After when
+either is away or Redis refuses writes), the queue and the workers; probed at most once a
+second per process. See docs/operations.md."""
 
 from __future__ import annotations
 
@@ -15,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -26,9 +20,10 @@ from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 from sqlalchemy.orm import Session
 
-from api.deps import OptionalCallerDep, ReaderDep
+from api.deps import HealthCacheDep, OptionalCallerDep, ReaderDep, RedisDep, SettingsDep
 from api.errors import RETRY_AFTER_S
 from api.schemas import Health, VersionsOut, WorkerOut
+from core.config import Settings
 from core.queue import job_queue
 from core.schema import database_revision
 from core.versions import FIELDS, Versions, running_versions
@@ -91,10 +86,14 @@ class HealthCache:
     summary="Database, Redis, queue and workers",
 )
 def health(
-    request: Request, response: Response, session: ReaderDep, caller: OptionalCallerDep
+    response: Response,
+    session: ReaderDep,
+    r: RedisDep,
+    settings: SettingsDep,
+    cache: HealthCacheDep,
+    caller: OptionalCallerDep,
 ) -> HealthOut:
-    cache: HealthCache = request.app.state.health
-    seen = cache.get(lambda: _probe(session, request))
+    seen = cache.get(lambda: _probe(session, r, settings))
     if not (seen.database and seen.redis):
         response.status_code = 503
         response.headers["Retry-After"] = RETRY_AFTER_S
@@ -146,15 +145,13 @@ def registered_workers(q: Queue) -> list[BaseWorker]:
     return workers
 
 
-def _probe(session: Session, request: Request) -> Health:
-    settings = request.app.state.settings
+def _probe(session: Session, r: Redis, settings: Settings) -> Health:
     schema: str | None = None
     try:
         schema = database_revision(session.connection())
         db_ok = True
     except Exception:
         db_ok = False
-    r = request.app.state.redis
     depth: int | None = None
     workers: list[WorkerOut] = []
     problem: str | None = None

@@ -1,14 +1,15 @@
-"""/usage and /quotas: what each key may use (core.quotas) and uses. A key sees its own
-figures; an admin sees every owner's and sets the limits of any."""
+"""/usage and /quotas: what each key may use (core.quotas) and uses; admins see every
+owner's and set any one's limits. See docs/quotas.md."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path
 
-from api.deps import AdminDep, CallerDep, ReaderDep, SessionDep, SettingsDep
-from api.schemas import OwnerUsage, Problem, QuotaList, QuotaOut, UsageReport
+from api.deps import AdminDep, AdminOwnersDep, CallerDep, ReaderDep, SessionDep, SettingsDep
+from api.responses import NO_KEY, NOT_ADMIN
+from api.schemas import OwnerUsage, QuotaList, QuotaOut, UsageReport
 from core.config import Settings
 from core.quotas import (
     UNLIMITED,
@@ -25,13 +26,8 @@ from core.quotas import (
 from core.text import PLAIN_PATTERN
 
 router = APIRouter(tags=["quotas"])
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": Problem, "description": "Missing or unknown API key."},
-}
-ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
-    **ERRORS,
-    403: {"model": Problem, "description": "Not an admin key."},
-}
+ERRORS = NO_KEY
+ADMIN_ERRORS = {**NO_KEY, **NOT_ADMIN}
 Owner = Annotated[
     str, Path(min_length=1, max_length=64, pattern=PLAIN_PATTERN, description="An owner id, k_...")
 ]
@@ -48,13 +44,12 @@ Owner = Annotated[
     "owner's.",
 )
 def get_usage(
-    request: Request, session: ReaderDep, caller: CallerDep, settings: SettingsDep
+    session: ReaderDep, caller: CallerDep, settings: SettingsDep, admins: AdminOwnersDep
 ) -> UsageReport:
     if not caller.admin:
         override = override_of(session, caller.owner)
         found = usage(session, caller.owner)
         return UsageReport(caller=_line(settings, caller.owner, found, override, False), owners=[])
-    admins: frozenset[str] = request.app.state.admin_owners
     set_by_admin = overrides(session)
     lines = {
         owner: _line(settings, owner, found, set_by_admin.get(owner or ""), owner in admins)

@@ -1,16 +1,14 @@
-"""The web dashboard: `GET /` serves the page, `GET /static/{name}` its files.
-
-The page needs no key to load: it asks for one and sends it on every API call itself. Only
-the files that are in `api/static/` (or its folders, such as `vendor/uplot/`) when the API
-starts can be served, looked up by exact relative path, so no path from a request ever
-reaches the file system (no traversal, no listing)."""
+"""The web dashboard: `GET /` serves the page, `GET /static/{name}` its files (only those
+present at start-up, by exact path). See docs/operations.md."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from fastapi.responses import FileResponse
+
+from core.errors import NotFound
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 MEDIA_TYPES = {
@@ -57,7 +55,7 @@ router = APIRouter(include_in_schema=False)
 def _serve(name: str) -> FileResponse:
     path = FILES.get(name)
     if path is None:
-        raise HTTPException(404, detail="not found")
+        raise NotFound("not found")
     return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers=HEADERS)
 
 

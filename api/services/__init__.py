@@ -1,1 +1,1 @@
-"""The work behind the routes, one module per resource."""
+"""The work behind the routes, one module per resource. See docs/api.md."""

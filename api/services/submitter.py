@@ -1,27 +1,6 @@
-"""POST /jobs with group commit. Each submission is handed to one writer thread, which takes
-every submission waiting at that moment and, for all of them together, inserts the rows,
-puts the queue entries on the queue in one Redis round trip (a MULTI/EXEC), and only then
-commits the one transaction. Under load that is one commit and one round trip for tens of
-jobs; alone, a submission waits for no one.
-
-A client that got an error has no job, now or later: until the commit no other process sees
-the rows (another API process looking up the same Idempotency-Key waits for this commit or
-rollback at its insert), and any failure, the enqueue's lost reply included, rolls them
-back. An entry whose transaction rolled back may still be on the queue (its EXEC ran): its
-payload says `via="api"`, and a worker waits `commit_wait_s` for the row of such an entry,
-then refuses it without creating one. A commit that lands even later is not lost: the
-reconciler enqueues a queued job that has no live entry again.
-
-A COMMIT whose reply is lost may still have taken effect. Then a fresh connection asks the
-database (briefly retried) whether the rows are there: if they are, the submissions
-succeeded; if they surely are not, the error stands and the queue entries are taken back;
-if that cannot be known, the error says so (`OutcomeUnknown`): only a retry with the same
-Idempotency-Key is then safe from a duplicate.
-
-Quotas (core.quotas) are checked in the same transaction, under each owner's lock, counting
-the jobs planned earlier in the batch: a submission past a limit is refused on its own, and
-the rest of its batch goes on. A submission that finds its Idempotency-Key's job is never
-refused."""
+"""POST /jobs with group commit: one writer thread inserts the rows of every submission
+waiting, enqueues them in one Redis round trip and commits once; a client that got an
+error has no job, now or later. See docs/jobs.md."""
 
 from __future__ import annotations
 
@@ -49,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from core.config import Settings
 from core.db import Database, Job
-from core.errors import DatasetGone, QuotaExceeded
+from core.errors import DatasetGone, QuotaExceeded, Unavailable
 from core.queue import enqueue_jobs
 from core.quotas import JobQuotas
 from core.spec import JobSpec, user_dataset_id
@@ -63,9 +42,9 @@ How = Literal["new", "found", "again", "refused"]  # refused: over quota, or its
 log = logging.getLogger("trainq.api")
 
 
-class OutcomeUnknown(Exception):
+class OutcomeUnknown(Unavailable):
     """The commit of a submission failed as far as the API can tell, and the database could
-    not say whether it took effect: the job may exist."""
+    not say whether it took effect: the job may exist. A 503 with Retry-After (api.errors)."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from api.slots import KeySlots, SlotLimit
-from core.errors import QuotaExceeded
+from core.errors import ProcessBusy
 
 
 def slots() -> KeySlots:
@@ -19,13 +19,13 @@ def slots() -> KeySlots:
 def test_a_key_past_its_share_is_refused_and_the_others_go_on() -> None:
     held = slots()
     held.take("alice")
-    with pytest.raises(QuotaExceeded) as refused:
+    with pytest.raises(ProcessBusy) as refused:
         held.take("alice")
     assert refused.value.limit == "upload_max_per_key" and refused.value.retry_after_s
     assert refused.value.message.startswith("this key has 1 uploads being checked already")
     held.take("bob")
     held.take("carol")
-    with pytest.raises(QuotaExceeded) as full:
+    with pytest.raises(ProcessBusy) as full:
         held.take("dave")
     assert full.value.limit == "max_parallel_uploads"
     held.release("alice")

@@ -1,0 +1,113 @@
+"""What the /datasets routes do: an upload checked against the key's room, parsed within
+the upload slots (api.uploads, api.slots) and stored; a data set as the API shows it; a
+deletion refused while a job trains on it. See docs/datasets.md."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import UploadFile
+from sqlalchemy.orm import Session
+
+from api.auth import Caller
+from api.schemas import DatasetOut
+from api.slots import KeySlots, SlotLimit
+from api.uploads import parse_upload
+from core.config import Settings
+from core.datasets import MAX_UPLOAD_BYTES, ParsedDataset
+from core.db import UserDataset, as_utc
+from core.errors import (
+    DatasetInUse,
+    DatasetTooLarge,
+    InvalidDataset,
+    InvalidRequest,
+    NotFound,
+    TooLarge,
+)
+from core.quotas import check_dataset_room, lock_owner
+from core.spec import USER_DATASET_PREFIX
+from core.store import create_dataset
+from core.store.deletion import delete_unused_dataset
+
+
+def upload_slots(settings: Settings) -> KeySlots:
+    """The uploads this process parses at once, per key (upload_max_per_key) and in all
+    (max_parallel_uploads): each may hold a few times its decompressed size in memory, so
+    their number bounds the memory uploads can take; a key's share, below the process's
+    limit, leaves the other slots to other keys however long its own uploads take."""
+    return KeySlots(
+        "uploads being checked",
+        per_key=SlotLimit("upload_max_per_key", settings.upload_max_per_key),
+        per_process=SlotLimit("max_parallel_uploads", settings.max_parallel_uploads),
+    )
+
+
+def dataset_out(ds: UserDataset) -> DatasetOut:
+    return DatasetOut.model_validate(
+        {
+            "id": ds.id,
+            "name": ds.name,
+            "dataset": f"{USER_DATASET_PREFIX}{ds.id}",
+            "sha256": ds.sha256,
+            "size": ds.size,
+            "image_shape": ds.image_shape,
+            "num_classes": ds.num_classes,
+            "train_count": ds.train_count,
+            "test_count": ds.test_count,
+            "created_at": as_utc(ds.created_at),
+        }
+    )
+
+
+def upload(
+    session: Session,
+    settings: Settings,
+    slots: KeySlots,
+    caller: Caller,
+    file: UploadFile,
+    name: str,
+) -> UserDataset:
+    """The upload parsed and stored, committed. A key with limits is checked twice: for any
+    room before the parse (no parse for a key with none), and for the stored size after it
+    (the canonical, compressed .npz may be smaller than the upload), under its lock."""
+    limited = caller.quota_owner
+    if limited is not None:
+        check_dataset_room(session, settings, limited, 1)
+        session.rollback()  # no transaction (SQLite: no write lock) held through the parse
+    with slots.held(caller.owner):  # ProcessBusy past the key's share or the process's limit
+        parsed = _parse(file, settings.upload_max_images)
+    if limited is not None:
+        lock_owner(session, limited)
+        check_dataset_room(session, settings, limited, len(parsed.npz))
+    ds = create_dataset(
+        session, dataset_id=str(uuid.uuid4()), owner=caller.owner, name=name, parsed=parsed
+    )
+    session.commit()
+    return ds
+
+
+def _parse(file: UploadFile, max_images: int) -> ParsedDataset:
+    try:
+        return parse_upload(file.file.read(MAX_UPLOAD_BYTES + 1), max_images=max_images)
+    except DatasetTooLarge as e:
+        raise TooLarge(e.message) from e
+    except InvalidDataset as e:
+        problem = {"type": e.code, "loc": ["body", "file"], "msg": e.message}
+        raise InvalidRequest([problem]) from e
+
+
+def delete(session: Session, dataset_id: str) -> None:
+    """Delete the data set, committed; DatasetInUse while a queued or running job trains on
+    it."""
+    users = delete_unused_dataset(session, dataset_id=dataset_id)
+    if users:
+        session.rollback()
+        raise DatasetInUse(
+            f"data set {dataset_id} is used by queued or running jobs ({', '.join(users)}): "
+            "cancel them or wait for them to end, then delete it"
+        )
+    session.commit()
+
+
+def no_such_dataset(dataset_id: object) -> NotFound:
+    return NotFound(f"no data set {dataset_id}")

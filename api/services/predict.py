@@ -1,0 +1,75 @@
+"""What POST /jobs/{id}/predict does: the model it runs (the job's fastest stored format,
+api.formats.PREDICT_ORDER) and the input shape that model takes, then the images read
+from JSON (api.json_images) or files (api.image_files). See docs/api.md."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.orm import Session
+from starlette.requests import Request
+
+from api.access import visible_job
+from api.auth import Caller
+from api.formats import PREDICT_ORDER
+from api.image_files import read_file_images
+from api.images import DecodeBudget
+from api.json_images import read_json_images
+from core.errors import ModelDamaged, NoModel, UnsupportedMediaType
+from core.spec import ExportFormat, JobStatus
+from core.store import artifact_sha256s
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Target:
+    """The stored model a prediction runs, and the input it takes."""
+
+    job_id: str
+    shape: tuple[int, int, int]  # C, H, W
+    format: ExportFormat
+    sha256: str
+
+
+def target(session: Session, caller: Caller, job_id: uuid.UUID) -> Target:
+    """The job's model to predict with; NoModel if it has none (yet)."""
+    job = visible_job(session, caller, job_id)
+    if job.status != JobStatus.succeeded:
+        raise NoModel(f"job {job.id} is {job.status}: no model yet")
+    stored = artifact_sha256s(session, job_id=job.id)
+    fmt = next((f for f in PREDICT_ORDER if f in stored), None)
+    if fmt is None:
+        raise NoModel(f"job {job.id} has no stored model")
+    shape = _input_shape(job.id, job.record)
+    return Target(job_id=job.id, shape=shape, format=fmt, sha256=stored[fmt])
+
+
+def _input_shape(job_id: str, record: dict[str, Any] | None) -> tuple[int, int, int]:
+    shape = ((record or {}).get("dataset") or {}).get("image_shape")
+    if (
+        not isinstance(shape, list)
+        or len(shape) != 3
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)
+    ):
+        raise ModelDamaged(f"job {job_id}: its run record has no dataset.image_shape [C, H, W]")
+    c, h, w = shape
+    return c, h, w
+
+
+async def read_images(
+    request: Request, shape: tuple[int, int, int], invert: bool, budget: DecodeBudget
+) -> torch.Tensor:
+    """The body's images as an (N, C, H, W) tensor, by its media type."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type == "application/json":
+        return await read_json_images(request, shape, invert)
+    if media_type == "multipart/form-data":
+        return await read_file_images(request, shape, invert, budget)
+    raise UnsupportedMediaType(
+        f'send application/json ({{"images": [...]}}) or multipart/form-data '
+        f"(PNG or JPEG files in field 'files'), not {media_type or 'no Content-Type'}"
+    )
