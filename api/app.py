@@ -12,6 +12,7 @@ from api import errors, observability
 from api.auth import KeyRing, RequireKey
 from api.downloads import download_slots
 from api.events import IDLE_BLOCK_MS, EventHub
+from api.health_cache import HealthCache
 from api.images import DecodeBudget, give_back_large_buffers
 from api.routes import datasets, docs, health, jobs, predict, quotas, sweeps, web
 from api.services.datasets import upload_slots
@@ -32,7 +33,7 @@ def lifespan(settings: Settings, redis_url: str) -> Lifespan:
     @asynccontextmanager
     async def run(app: FastAPI) -> AsyncIterator[None]:
         app.state.settings = settings
-        app.state.health = health.HealthCache()
+        app.state.health = HealthCache()
         app.state.db = Database.from_settings(settings, pooled=True)
         app.state.redis = connect(redis_url)
         app.state.aredis = connect_async(redis_url, longest_block_s=IDLE_BLOCK_MS / 1000)

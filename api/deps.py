@@ -1,14 +1,12 @@
 """FastAPI dependencies: what a route needs of the app (the database, Redis, settings, the
-caller, the process's limiters and caches), each a typed `...Dep`; and `read`, the one way
-async code reads the database. See docs/api.md."""
+caller, the process's limiters and caches), each a typed `...Dep`. See docs/api.md."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Annotated, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
@@ -20,14 +18,11 @@ from core.db import Database, close_quietly
 
 if TYPE_CHECKING:
     from api.events import EventHub
+    from api.health_cache import HealthCache
     from api.images import DecodeBudget
-    from api.routes.health import HealthCache
     from api.services.submitter import Submitter
     from api.services.sweeps import SweepReports
     from api.slots import KeySlots
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 # The dependencies are `async def` where they never block: FastAPI runs a plain `def`
 # dependency in its thread pool, a thread hop per dependency per request.
@@ -94,19 +89,6 @@ async def get_admin(caller: Annotated[Caller, Depends(get_caller)]) -> Caller:
     if not caller.admin:
         raise HTTPException(status_code=403, detail="this route needs an admin key")
     return caller
-
-
-async def read(
-    db: Database, fn: Callable[Concatenate[Session, P], T], *args: P.args, **kwargs: P.kwargs
-) -> T:
-    """`fn(session, *args, **kwargs)` with a read-only session, in the thread pool: a read
-    on the event loop would stall every other request while it waits for the database."""
-
-    def in_reader() -> T:
-        with db.reader() as session:
-            return fn(session, *args, **kwargs)
-
-    return await run_in_threadpool(in_reader)
 
 
 SettingsDep = Annotated[Settings, Depends(app_state("settings"))]

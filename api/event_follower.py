@@ -14,7 +14,6 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from api.deps import read
 from api.events import (
     DB_PAGE,
     GAP_POLL_S,
@@ -32,6 +31,7 @@ from api.events import (
     terminal_status,
     top_id,
 )
+from api.reads import read
 from core.db import Database
 from core.store import epoch_metrics, step_rows
 from core.stream import END, EPOCH, STEP, EntryId, InvalidEntryId, stream_key

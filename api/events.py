@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from api.deps import read
 from api.errors import RETRY_AFTER_S
+from api.reads import read
 from api.slots import KeySlots, SlotLimit
 from core.config import Settings
 from core.db import Database

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import read
+from api.reads import read
 from core.db import Database, allow_time_for
 from core.errors import ModelDamaged, NoModel
 from core.spec import ExportFormat

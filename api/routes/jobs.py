@@ -23,11 +23,11 @@ from api.deps import (
     SessionDep,
     SettingsDep,
     SubmitterDep,
-    read,
 )
 from api.event_follower import follow_events
 from api.events import EventStreamResponse
 from api.formats import MEDIA_TYPES
+from api.reads import read
 from api.responses import (
     EVENT_STREAM,
     KEY_REUSED,

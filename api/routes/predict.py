@@ -8,11 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from api.body import BODY_SLACK
-from api.deps import CallerDep, DatabaseDep, DecodeBudgetDep, read
+from api.deps import CallerDep, DatabaseDep, DecodeBudgetDep
 from api.image_files import MAX_FILES, MAX_MULTIPART_BYTES
 from api.images import MAX_SIDE
 from api.inference import PredictOut, classify
 from api.json_images import JSON_BYTES_PER_VALUE, MAX_IMAGES, MAX_JSON_VALUES, PredictRequest
+from api.reads import read
 from api.responses import problem
 from api.routes.jobs import ERRORS, JobId
 from api.services.predict import read_images, target

@@ -20,9 +20,9 @@ from api.deps import (
     SessionDep,
     SettingsDep,
     SweepReportsDep,
-    read,
 )
 from api.events import EventStreamResponse
+from api.reads import read
 from api.responses import (
     EVENT_STREAM,
     KEY_REUSED,

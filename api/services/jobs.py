@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 from api.access import no_dataset, visible_status
 from api.auth import Caller
 from api.cancels import announce_cancel
-from api.deps import read
 from api.formats import default_format, offered_formats
+from api.reads import read
 from api.schemas import METRIC_FIELDS, JobOut
 from api.services.idempotency import answer_again
 from api.services.submitter import Outcome, Submitter

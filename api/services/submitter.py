@@ -32,8 +32,9 @@ from core.errors import DatasetGone, QuotaExceeded, Unavailable
 from core.queue import enqueue_jobs
 from core.quotas import JobQuotas
 from core.spec import JobSpec, user_dataset_id
-from core.store import find_by_idempotency_key, insert_jobs, new_job
+from core.store import insert_jobs, new_job
 from core.store.deletion import lock_datasets
+from core.store.idempotency import by_idempotency_key
 
 MAX_BATCH = 256
 COMMIT_CHECKS, COMMIT_CHECK_PAUSE_S = 5, 0.2  # asking whether a failed commit took effect
@@ -228,7 +229,7 @@ def _plan(s: Session, batch: list[Submission], quotas: JobQuotas) -> list[Planne
             plan.append(Planned("again", made[key]))
             continue
         if sub.idempotency_key is not None:
-            found = find_by_idempotency_key(s, owner=sub.owner, key=sub.idempotency_key)
+            found = by_idempotency_key(s, Job, owner=sub.owner, key=sub.idempotency_key)
             if found is not None:
                 plan.append(Planned("found", found))
                 continue

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from api.access import no_dataset, visible_dataset
 from api.auth import Caller
 from api.cancels import announce_cancel
-from api.deps import read
+from api.reads import read
 from api.schemas import SweepOut
 from api.services.idempotency import answer_again, create_once
 from core.config import Settings
@@ -29,7 +29,8 @@ from core.db import Database, Job, Sweep
 from core.errors import AlreadyEnded, InvalidRequest, NotFound
 from core.spec import user_dataset_id
 from core.store import spec_hash
-from core.store.sweeps import SweepStatus, find_sweep_by_idempotency_key, get_sweep
+from core.store.idempotency import by_idempotency_key
+from core.store.sweeps import SweepStatus, get_sweep
 from core.sweeps import trials
 from core.sweeps.spec import SweepSpec, bound_problems
 
@@ -76,7 +77,7 @@ def create(
 
     def find() -> Sweep | None:
         key = idempotency_key or ""
-        return find_sweep_by_idempotency_key(session, owner=caller.owner, key=key)
+        return by_idempotency_key(session, Sweep, owner=caller.owner, key=key)
 
     first: list[Job] = []
 

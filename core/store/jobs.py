@@ -91,14 +91,6 @@ def get_job(s: Session, *, job_id: str) -> Job | None:
     return s.get(Job, job_id)
 
 
-def find_by_idempotency_key(s: Session, *, owner: str | None, key: str) -> Job | None:
-    return s.scalars(
-        select(Job)
-        .where(Job.owner.is_(owner) if owner is None else Job.owner == owner)
-        .where(Job.idempotency_key == key)
-    ).first()
-
-
 def list_jobs(
     s: Session,
     *,

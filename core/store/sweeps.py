@@ -43,14 +43,6 @@ def lock_sweep(s: Session, *, sweep_id: str) -> Sweep | None:
     ).first()
 
 
-def find_sweep_by_idempotency_key(s: Session, *, owner: str | None, key: str) -> Sweep | None:
-    return s.scalars(
-        select(Sweep)
-        .where(Sweep.owner.is_(owner) if owner is None else Sweep.owner == owner)
-        .where(Sweep.idempotency_key == key)
-    ).first()
-
-
 def list_sweeps(
     s: Session,
     *,

@@ -24,9 +24,10 @@ from core.train.device import (
     resolve_amp,
     resolve_device,
 )
-from core.train.epoch import EpochStats, Limits, train_epoch
+from core.train.epoch import Limits, train_epoch
 from core.train.export import VERIFY_TIMEOUT_S, Exports, export_models
 from core.train.metrics import Callbacks, EpochMetrics, RunInfo, TrainResult
+from core.train.progress import EpochStats
 from core.train.record import run_record
 from core.train.run import Run, no_progress
 

@@ -17,8 +17,8 @@ from core.spec import DataPath, JobSpec, Optimizer, Scheduler, model_too_large
 from core.train.augment import augmenter
 from core.train.data import Dataset, ResidentBatches, loader_batches
 from core.train.ema import Ema
-from core.train.epoch import EpochProgress
 from core.train.model import Net
+from core.train.progress import EpochProgress
 
 
 def no_progress() -> None:
