@@ -26,7 +26,7 @@ from core.datasets import IDX_NAMES
 from core.errors import DatasetNotFound
 from core.files import write_atomic
 from core.spec import user_dataset_id
-from core.train.augment import Affine, random_affine
+from core.train.augment import Augmenter
 
 _TORCHVISION = {
     "mnist": datasets.MNIST,
@@ -241,7 +241,7 @@ class ResidentBatches:
         std: float,
         channels_last: bool,
         seed: int,
-        augment: Affine | None = None,
+        augment: Augmenter | None = None,
     ) -> None:
         self.images = split.images.to(device)
         self.labels = split.labels.to(device)
@@ -265,7 +265,7 @@ class ResidentBatches:
             idx = order[i * self.batch_size : (i + 1) * self.batch_size]
             x = self.images[idx].float().sub_(self.shift).mul_(self.scale)
             if self.augment is not None:
-                x = random_affine(x, self.augment, moves)
+                x = self.augment(x, moves)
             yield x.contiguous(memory_format=self.memory_format), self.labels[idx]
 
 
@@ -296,7 +296,7 @@ def loader_batches(
     pin_memory: bool,
     persistent_workers: bool,
     prefetch_factor: int,
-    augment: Affine | None = None,
+    augment: Augmenter | None = None,
 ) -> LoaderBatches:
     """The article's input pipeline: ToTensor + Normalize per PIL image in DataLoader workers
     (per uint8 tensor for an uploaded data set, which has no torchvision loader)."""
@@ -347,7 +347,7 @@ class LoaderBatches:
         device: torch.device,
         channels_last: bool,
         seed: int,
-        augment: Affine | None = None,
+        augment: Augmenter | None = None,
     ) -> None:
         self.loader = loader
         self.generator = generator
@@ -365,7 +365,7 @@ class LoaderBatches:
         for x, y in self.loader:
             x = x.to(self.device, non_blocking=True)
             if self.augment is not None:
-                x = random_affine(x, self.augment, moves)
+                x = self.augment(x, moves)
             yield (
                 x.contiguous(memory_format=self.memory_format),
                 y.to(self.device, non_blocking=True),

@@ -96,7 +96,7 @@ class Normalized(nn.Module):
     mean: torch.Tensor
     inv_std: torch.Tensor
 
-    def __init__(self, net: Net, mean: float, std: float) -> None:
+    def __init__(self, net: nn.Module, mean: float, std: float) -> None:
         super().__init__()
         self.net = net
         self.register_buffer("mean", torch.tensor(mean))

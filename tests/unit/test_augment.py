@@ -46,7 +46,12 @@ def test_each_image_moves_on_its_own_and_stays_in_range() -> None:
 
 def test_none_means_the_images_as_they_are() -> None:
     assert augmenter(Augment.none) is None
-    assert augmenter(Augment.shift) == Affine(degrees=0.0, scale=0.0, shift=0.08)
+    x, shift = torch.rand(4, 1, 8, 8), augmenter(Augment.shift)
+    assert shift is not None
+    moved = random_affine(
+        x, Affine(degrees=0.0, scale=0.0, shift=0.08), torch.Generator().manual_seed(1)
+    )
+    assert torch.equal(shift(x, torch.Generator().manual_seed(1)), moved)
 
 
 def test_augmented_batches_depend_only_on_seed_and_epoch(data_dir: Path) -> None:
