@@ -78,8 +78,13 @@ def random_photo(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """x: (B, C, H, W) normalised floats. Per image: a random resized crop (area, aspect)
     scaled back to the full size, a horizontal flip half the time, and a light colour jitter,
     all in one grid sample and three blends."""
+    return photo_with(x, torch.rand(x.shape[0], 8, generator=g, device=x.device))
+
+
+def photo_with(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """random_photo with its draws given: r (B, 8) in [0, 1), an image's row read as crop
+    area, aspect, flip (under 0.5), crop centre x and y, brightness, contrast, saturation."""
     b = x.shape[0]
-    r = torch.rand(b, 8, generator=g, device=x.device)  # (B, 8) in [0, 1)
     area = CROP_AREA[0] + r[:, 0] * (CROP_AREA[1] - CROP_AREA[0])
     lo, hi = math.log(CROP_RATIO[0]), math.log(CROP_RATIO[1])
     ratio = torch.exp(lo + r[:, 1] * (hi - lo))
