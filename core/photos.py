@@ -15,7 +15,9 @@ DEFAULT_FIT = "pad"
 DEFAULT_SIDE_CAP = 64  # the default side: the images' median longer side, at most this
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "TIFF", "GIF")
 SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
-MAX_PIXELS = 40_000_000  # one image, from its header, before it is decoded
+# One image, from its header, before it is decoded: below the bound past which Pillow warns
+# (api.images sets it to 2×4096×4096), which in turn refuses past twice that.
+MAX_PIXELS = 32_000_000
 REDUCING_GAP = 3.0  # Pillow reduces by whole factors first, down to 3 times the target
 GRAY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 _ALPHA_MODES = frozenset({"RGBA", "LA", "La", "RGBa", "PA"})
