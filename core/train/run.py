@@ -17,7 +17,7 @@ from core.model_sizes import model_too_large
 from core.spec import DataPath, JobSpec, Optimizer, Scheduler
 from core.train.archs import build_model, classifier_parameters, freeze_backbone, start_from
 from core.train.augment import augmenter
-from core.train.data import Dataset, ResidentBatches, loader_batches
+from core.train.data import Dataset, ResidentBatches, loader_batches, pixel_affine
 from core.train.ema import Ema
 from core.train.progress import EpochProgress
 
@@ -216,14 +216,14 @@ class Run:
         model = self.eval_model
         model.eval()
         test = self.data.test
-        mean, std = self.data.mean * 255.0, self.data.std * 255.0
+        shift, spread = pixel_affine(self.data.mean, self.data.std, self.dev)
         fmt = torch.channels_last if self.spec.channels_last else torch.contiguous_format
         images = test.images.to(self.dev)
         labels = test.labels.to(self.dev)
         loss_sum = torch.zeros((), device=self.dev)
         correct = torch.zeros((), dtype=torch.long, device=self.dev)
         for i in range(0, len(labels), batch_size):
-            x = images[i : i + batch_size].float().sub_(mean).div_(std)
+            x = images[i : i + batch_size].float().sub_(shift).div_(spread)
             y = labels[i : i + batch_size]
             with self.autocast():
                 logits = model(x.contiguous(memory_format=fmt))
