@@ -4,12 +4,14 @@ deleted since, is a 422 that says why."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.integration.test_queue_contract import run_directly
 from tests.service import Service, trained
 
 SMALL = {
@@ -62,3 +64,11 @@ def test_a_sweep_starts_only_from_ones_own_job(service: Service, source: str) ->
     r = httpx.post(f"{service.url}/sweeps", headers=headers, json=body, timeout=30)
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"] == ["body", "base", "init_from"]
+
+
+def test_the_worker_checks_the_start_again(service: Service, source: str) -> None:
+    """Straight onto the queue (no API check): a job without an owner names another's job,
+    as it would one deleted since its submission. It fails, saying why."""
+    job = run_directly(service, json.dumps({**SMALL, "init_from": source}), "failed")
+    assert job["error"]["code"] == "invalid_spec"
+    assert f"init_from: job {source} has no trained weights" in job["error"]["message"]
