@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from core.errors import InvalidSpec
 from core.model_sizes import WORKER_MEMORY_BYTES, model_too_large, parameter_count, step_memory
 from core.spec import Architecture, ExportFormat, JobSpec
+from core.store import spec_hash
 from core.train import train
 from core.train.archs import build_model, classifier_parameters, freeze_backbone, start_from
 from core.train.data import load_dataset
@@ -155,3 +156,10 @@ def test_each_model_trains_resumes_exports_and_starts_another(
         freeze_backbone=True, export=["torchscript"],
     )  # fmt: skip
     assert train(tuned, data_dir=tmp_path, start_weights=first.weights).steps == 2
+
+
+def test_the_job_started_from_is_part_of_the_request_hash() -> None:
+    a, b = "3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88", "0f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"
+    hashes = {spec_hash(JobSpec(init_from=job)) for job in (a, b, None)}
+    assert len(hashes) == 3  # an Idempotency-Key reused with another start is a conflict
+    assert spec_hash(JobSpec(init_from=a.upper())) == spec_hash(JobSpec(init_from=a))
