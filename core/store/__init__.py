@@ -27,6 +27,7 @@ from core.store.jobs import (
 from core.store.results import (
     artifact_sha256s,
     epoch_metrics,
+    epoch_of,
     get_artifact,
     latest_checkpoint,
     preempt_job,
@@ -45,6 +46,7 @@ __all__ = [
     "dataset_data",
     "end_job",
     "epoch_metrics",
+    "epoch_of",
     "get_artifact",
     "get_dataset",
     "get_job",

@@ -15,6 +15,7 @@ from torch import nn
 from core.errors import InvalidSpec
 from core.spec import DataPath, JobSpec, Optimizer, Scheduler, model_too_large
 from core.train.augment import augmenter
+from core.train.class_metrics import ConfusionCounter
 from core.train.data import Dataset, ResidentBatches, loader_batches
 from core.train.ema import Ema
 from core.train.model import Net
@@ -181,7 +182,8 @@ class Run:
         self.scheduler.step()
 
     @torch.inference_mode()
-    def evaluate(self, batch_size: int = 2048) -> tuple[float, float]:
+    def evaluate(self, batch_size: int = 2048) -> tuple[float, float, dict[str, Any]]:
+        """Loss, accuracy and the class figures (core.train.class_metrics) on the test split."""
         model = self.eval_model
         model.eval()
         test = self.data.test
@@ -191,16 +193,19 @@ class Run:
         labels = test.labels.to(self.dev)
         loss_sum = torch.zeros((), device=self.dev)
         correct = torch.zeros((), dtype=torch.long, device=self.dev)
+        confusion = ConfusionCounter(self.data.num_classes, self.dev)
         for i in range(0, len(labels), batch_size):
             x = images[i : i + batch_size].float().sub_(mean).div_(std)
             y = labels[i : i + batch_size]
             with self.autocast():
                 logits = model(x.contiguous(memory_format=fmt))
             loss_sum += nn.functional.cross_entropy(logits.float(), y, reduction="sum")
-            correct += (logits.argmax(1) == y).sum()
+            predicted = logits.argmax(1)
+            correct += (predicted == y).sum()
+            confusion.add(logits, y, predicted)
             self.progress()
         n = len(labels)
-        return loss_sum.item() / n, correct.item() / n
+        return loss_sum.item() / n, correct.item() / n, confusion.result(self.data.classes)
 
     def checkpoint(self, epoch: int, step: int, within: dict[str, Any] | None = None) -> bytes:
         """Everything a resume needs; the data order is derived from (seed, epoch). At the
