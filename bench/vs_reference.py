@@ -165,14 +165,26 @@ def summary(run: dict[str, Any], target: float) -> dict[str, Any]:
     }
 
 
+def sooner(ours: dict[str, Any], theirs: dict[str, Any], accuracy: float) -> float | None:
+    """The reference's seconds to `accuracy` over trainq's (above 1: trainq sooner)."""
+    a, b = (
+        seconds_to(accuracy, list(zip(r["seconds_by_epoch"], r["accuracy_by_epoch"], strict=True)))
+        for r in (theirs, ours)
+    )
+    return None if a is None or b is None else a / b
+
+
 def compare(ours: dict[str, Any], theirs: dict[str, Any], target: float) -> dict[str, Any]:
-    key = f"seconds_to_{target}"
-    a, b = theirs[key], ours[key]
+    """Ratios, trainq over the reference: images/s, and how much sooner each reaches the
+    fixed target and the best accuracy the reference reached in its epochs."""
+    best = max(theirs["accuracy_by_epoch"])
     return {
         "trainq": ours,
         "reference": theirs,
         "images_per_second_ratio": ours["images_per_second"] / theirs["images_per_second"],
-        "sooner_to_target": None if a is None or b is None else a / b,
+        "sooner_to_target": sooner(ours, theirs, target),
+        "reference_best_accuracy": best,
+        "sooner_to_reference_best": sooner(ours, theirs, best),
     }
 
 
