@@ -18,8 +18,8 @@ cosine schedule, label smoothing and batch, its own RandomResizedCrop + flip at 
 `-j 2` loader workers and fp32 (its --amp is CUDA only). Both clocks start before the
 set is read (trainq's includes decoding the upload; the reference's its process start).
 
-    python -m bench.vs_reference --reference DIR [--epochs 4] [--max-images 3000]
-        [--target 0.7] [--models resnet18,cnn] [--stock]
+    python -m bench.vs_reference --reference DIR [--epochs 8] [--max-images 2000]
+        [--target 0.5] [--models cnn,resnet18] [--stock]
 """
 
 from __future__ import annotations
@@ -190,11 +190,17 @@ def compare(ours: dict[str, Any], theirs: dict[str, Any], target: float) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", type=Path, required=True, help=__doc__.split("\n\n")[2])
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--max-images", type=int, default=3000, help="training images")
-    parser.add_argument("--target", type=float, default=0.7, help="the fixed accuracy")
-    parser.add_argument("--models", default="resnet18,cnn")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        required=True,
+        help="pytorch/vision's references/classification folder (git clone --depth 1 "
+        "https://github.com/pytorch/vision)",
+    )
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--max-images", type=int, default=2000, help="training images")
+    parser.add_argument("--target", type=float, default=0.5, help="the fixed accuracy")
+    parser.add_argument("--models", default="cnn,resnet18")
     parser.add_argument("--stock", action="store_true", help="also torchvision's resnet18")
     args = parser.parse_args()
     if not (args.reference / "train.py").is_file():
