@@ -4,17 +4,38 @@ end. See docs/jobs.md."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from redis import Redis
+from sqlalchemy.orm import Session
 
 from core.db import Job
 from core.spec import JobStatus
 from core.stream import ask_to_stop, publish_status
 
 
-def announce_cancel(r: Redis, job: Job, outcome: JobStatus) -> None:
-    if outcome is JobStatus.running:
-        ask_to_stop(r, job.id)
-        return
+@dataclass(frozen=True)
+class Canceled:
+    """What Redis is told of one canceled job, read in the cancel's own transaction, before
+    its commit: once committed, the job may be deleted before it could be read again."""
+
+    job_id: str
+    outcome: JobStatus  # its status when canceled: running, or queued
+    attempt: int
+    step: int
+    error: dict[str, str | None]
+
+
+def canceled(session: Session, job: Job, outcome: JobStatus) -> Canceled:
+    """The job as the uncommitted cancel left it."""
+    session.refresh(job)
     error = {"code": job.error_code, "message": job.error_message}
-    payload = {"status": JobStatus.canceled, "error": error}
-    publish_status(r, job.id, job.progress_step, payload, attempt=job.attempt)
+    return Canceled(job.id, outcome, job.attempt, job.progress_step, error)
+
+
+def announce_cancel(r: Redis, c: Canceled) -> None:
+    if c.outcome is JobStatus.running:
+        ask_to_stop(r, c.job_id)
+        return
+    payload = {"status": JobStatus.canceled, "error": c.error}
+    publish_status(r, c.job_id, c.step, payload, attempt=c.attempt)

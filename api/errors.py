@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from redis.exceptions import OutOfMemoryError, RedisError
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.orm.exc import ObjectDeletedError
 from starlette.exceptions import HTTPException
 
 from api.images import DecodeBusy
@@ -130,6 +131,13 @@ def _install_refusals(app: FastAPI) -> None:
     async def process_busy(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ProcessBusy)
         return busy_refusal(exc)
+
+    @app.exception_handler(ObjectDeletedError)
+    async def deleted_meanwhile(_: Request, exc: Exception) -> JSONResponse:
+        """A row this request had read was deleted by another before the request could read
+        it again (a job deleted the moment its cancel committed): gone, a 404."""
+        log.info("a row was deleted while a request used it: %s", exc)
+        return named_refusal(NotFound("it was deleted while this request ran"))
 
 
 def _install_outages(app: FastAPI) -> None:

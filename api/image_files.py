@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
 from api.body import BODY_SLACK, CappedRequest, refuse_large_file
-from api.images import DecodeBudget, ImageRejected, decode_image
+from api.images import ImageRejected, KeyBudget, decode_image
 from api.json_images import invalid, problem
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ _BOOL = TypeAdapter(bool)
 
 
 async def read_file_images(
-    request: Request, shape: tuple[int, int, int], invert: bool, budget: DecodeBudget
+    request: Request, shape: tuple[int, int, int], invert: bool, budget: KeyBudget
 ) -> torch.Tensor:
     """The request's files as an (N, C, H, W) tensor; `invert` or the form's own `invert`
     takes dark-on-light images. Decoding runs in the threadpool, never on the event loop."""
@@ -108,7 +108,7 @@ def _form_fields(form: FormData) -> tuple[list[UploadFile], bool, list[dict[str,
 
 
 def _images_from_files(
-    files: list[UploadFile], shape: tuple[int, int, int], invert: bool, budget: DecodeBudget
+    files: list[UploadFile], shape: tuple[int, int, int], invert: bool, budget: KeyBudget
 ) -> torch.Tensor:
     import torch
 

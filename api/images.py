@@ -119,30 +119,64 @@ class DecodeBusy(RuntimeError):
 class DecodeBudget:
     """The bytes this process's image decodes may hold at once (Settings.max_decode_bytes).
     A decode reserves what it will hold before it decodes, and waits up to `wait_s` for
-    others to give back enough; past that it raises DecodeBusy."""
+    others to give back enough; past that it raises DecodeBusy. One key holds at most
+    KEY_SHARE of it, so that one key's large images never leave other keys none."""
+
+    KEY_SHARE = 0.5
 
     def __init__(self, limit: int, wait_s: float = DECODE_WAIT_S) -> None:
         self.limit = limit
+        self.per_key = max(1, int(limit * self.KEY_SHARE))
         self.wait_s = wait_s
         self._held = 0
+        self._by_key: dict[str | None, int] = {}
         self._changed = threading.Condition()
 
+    def for_key(self, key: str | None) -> KeyBudget:
+        """The budget as one key's decodes reserve it (key: the caller's owner id)."""
+        return KeyBudget(self, key)
+
     @contextmanager
-    def reserve(self, size: int) -> Iterator[None]:
-        size = min(size, self.limit)  # one image never waits for more than there is
+    def reserve(self, size: int, key: str | None) -> Iterator[None]:
+        size = min(size, self.per_key)  # one image never waits for more than a key may hold
         with self._changed:
-            if not self._changed.wait_for(lambda: self._held + size <= self.limit, self.wait_s):
-                raise DecodeBusy(
-                    f"this API process is decoding {self._held >> 20} MiB of images already "
-                    f"(max_decode_bytes: {self.limit >> 20} MiB)"
-                )
+            room = lambda: (  # noqa: E731
+                self._held + size <= self.limit and self._by_key.get(key, 0) + size <= self.per_key
+            )
+            if not self._changed.wait_for(room, self.wait_s):
+                raise DecodeBusy(self._busy(key, size))
             self._held += size
+            self._by_key[key] = self._by_key.get(key, 0) + size
         try:
             yield
         finally:
             with self._changed:
                 self._held -= size
+                self._by_key[key] -= size
+                if not self._by_key[key]:
+                    del self._by_key[key]
                 self._changed.notify_all()
+
+    def _busy(self, key: str | None, size: int) -> str:
+        """Why a decode waited in vain; another key's figures are not the caller's to know."""
+        mine = self._by_key.get(key, 0)
+        if mine + size > self.per_key:
+            return (
+                f"this key's images are being decoded already ({mine >> 20} MiB; a key may "
+                f"hold {self.per_key >> 20} MiB of this API process's max_decode_bytes)"
+            )
+        return "this API process is decoding all the images its max_decode_bytes allows"
+
+
+class KeyBudget:
+    """DecodeBudget.reserve for one key."""
+
+    def __init__(self, budget: DecodeBudget, key: str | None) -> None:
+        self._budget = budget
+        self._key = key
+
+    def reserve(self, size: int) -> AbstractContextManager[None]:
+        return self._budget.reserve(size, self._key)
 
 
 def to_channels(img: Image.Image, channels: int, light_background: bool = False) -> Image.Image:
@@ -166,7 +200,7 @@ def decode_image(
     data: IO[bytes],
     shape: tuple[int, int, int],
     invert: bool,
-    budget: DecodeBudget | None = None,
+    budget: KeyBudget | None = None,
 ) -> bytes:
     """A PNG or JPEG as the model's input: `H*W*C` bytes (C = 1: "L", 3: "RGB"), H, W, C
     order, white on black (`invert` takes dark-on-light images). The size is checked from

@@ -234,8 +234,27 @@ class DatasetOut(BaseModel):
     image_shape: list[int] = Field(description="[C, H, W] of every image.")
     num_classes: int
     train_count: int
-    test_count: int
+    test_count: int = Field(description="The val split's images (a job's test set).")
     created_at: dt.datetime
+    classes: list[str] | None = Field(
+        None, description="The class names by number (folder names); null: numbered classes."
+    )
+    class_counts: dict[str, list[int]] | None = Field(
+        None, description='Images per class of each split: "train", "val", and "holdout" '
+        "(an archive's test/ folder, kept apart). Null for sets uploaded before it was kept."
+    )  # fmt: skip
+    holdout_count: int | None = None
+    mean: list[float] | None = Field(None, description="Per channel, train pixels in [0, 1].")
+    std: list[float] | None = None
+    preprocessing: dict[str, Any] | None = Field(
+        None, description="Photos: image_size, fit, channels, and notes on what was done."
+    )
+    skipped: list[dict[str, str]] | None = Field(
+        None, description="Files left out ({file, reason}): links, and bad images with skip_bad."
+    )
+    thumbnails: list[list[str]] | None = Field(
+        None, description="Per class, the paths of a few train images as PNGs (photo sets)."
+    )
 
 
 class TrialOut(BaseModel):

@@ -56,6 +56,13 @@ class ParsedDataset:
     train_count: int
     test_count: int
     classes: tuple[str, ...] | None  # folder names, for a folder-per-class zip
+    mean: tuple[float, ...] = ()  # per channel, of the train pixels in [0, 1]
+    std: tuple[float, ...] = ()
+    class_counts: dict[str, list[int]] | None = None  # per split ("train", "val", "holdout")
+    holdout_count: int = 0  # a third split kept apart (an archive's test/ folder)
+    preprocessing: dict[str, Any] | None = None  # photos: image_size, fit, channels, notes
+    skipped: list[dict[str, str]] | None = None  # photos: {file, reason}
+    thumbnails: list[list[str]] | None = None  # photos: base64 PNGs, a few per class
 
 
 def checked_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
@@ -149,14 +156,27 @@ def _check_learnable(x_train: U8, y_train: I64) -> None:
 
 
 def canonical(
-    x_train: U8, y_train: I64, x_test: U8, y_test: I64, classes: tuple[str, ...] | None = None
+    x_train: U8,
+    y_train: I64,
+    x_test: U8,
+    y_test: I64,
+    classes: tuple[str, ...] | None = None,
+    holdout: tuple[U8, I64] | None = None,
 ) -> ParsedDataset:
-    """Check the four arrays together and write the canonical .npz."""
+    """Check the four arrays together (and a holdout split, kept apart) and write the
+    canonical .npz, with the per-channel `mean` and `std` of the train pixels."""
     c, h, w = _image_shape(x_train, y_train, x_test, y_test)
     num_classes = _class_count(y_train, y_test)
     _check_learnable(x_train, y_train)
+    mean, std = channel_stats(x_train)
+    extra: dict[str, Any] = {"mean": np.array(mean), "std": np.array(std)}
+    if classes is not None:
+        extra["classes"] = np.array(classes, dtype=str)
+    counts = {"train": _counts(y_train, num_classes), "val": _counts(y_test, num_classes)}
+    if holdout is not None:
+        extra.update(x_holdout=_holdout_images(holdout, (c, h, w)), y_holdout=holdout[1])
+        counts["holdout"] = _counts(_holdout_labels(holdout[1], num_classes), num_classes)
     buf = io.BytesIO()
-    extra: dict[str, Any] = {} if classes is None else {"classes": np.array(classes, dtype=str)}
     np.savez_compressed(
         buf,
         x_train=np.ascontiguousarray(x_train, dtype=np.uint8),
@@ -175,7 +195,43 @@ def canonical(
         train_count=len(y_train),
         test_count=len(y_test),
         classes=classes,
+        mean=mean,
+        std=std,
+        class_counts=counts,
+        holdout_count=0 if holdout is None else len(holdout[1]),
     )
+
+
+def channel_stats(x: U8, chunk: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per channel, the mean and standard deviation of (N, C, H, W) uint8 pixels in [0, 1]
+    units, summed a chunk of images at a time (never a float copy of the whole set)."""
+    total = np.zeros(x.shape[1])
+    squares = np.zeros(x.shape[1])
+    for i in range(0, len(x), chunk):
+        part = x[i : i + chunk].astype(np.float64)
+        total += part.sum(axis=(0, 2, 3))
+        squares += np.square(part).sum(axis=(0, 2, 3))
+    n = max(1, x.shape[0] * x.shape[2] * x.shape[3])
+    mean = total / n
+    std = np.sqrt(np.maximum(squares / n - mean**2, 0.0))
+    return tuple(float(v) for v in mean / 255), tuple(float(v) for v in std / 255)
+
+
+def _counts(y: I64, k: int) -> list[int]:
+    return [int(n) for n in np.bincount(y, minlength=k)[:k]]
+
+
+def _holdout_images(holdout: tuple[U8, I64], shape: tuple[int, int, int]) -> U8:
+    x, y = holdout
+    if x.shape[1:] != shape or len(x) != len(y):
+        raise InvalidDataset(f"the holdout images are {list(x.shape[1:])}: expected {list(shape)}")
+    return np.ascontiguousarray(x, dtype=np.uint8)
+
+
+def _holdout_labels(y: I64, k: int) -> I64:
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= k):
+        raise InvalidDataset(f"holdout labels must be class numbers 0 to {k - 1}")
+    return y
 
 
 def _image_shape(x_train: U8, y_train: I64, x_test: U8, y_test: I64) -> tuple[int, int, int]:

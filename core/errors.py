@@ -135,6 +135,14 @@ class ExportCheckUnavailable(TrainqError):
     code = "export_check_unavailable"
 
 
+class WorkerDiskFull(TrainqError):
+    """The worker host's disk (or quota) was full while the attempt wrote there (placing the
+    data set, exporting): the machine's trouble, not the job's. Retried within the job's
+    max_restarts, as ExportCheckUnavailable is, then failed with this code."""
+
+    code = "worker_disk_full"
+
+
 class ExportMismatch(TrainqError):
     """An exported model, reloaded in a fresh process, did not reproduce the trained model's
     logits: TorchScript (when asked for), or every format the job asked for."""

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
 from pathlib import Path
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether `e` (or what caused it) is a disk or a quota that was full."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            return True
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return False
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -20,7 +20,9 @@ from core.errors import (
     TrainingPreempted,
     TrainqError,
     TrialPruned,
+    WorkerDiskFull,
 )
+from core.files import disk_full
 from core.spec import JobSpec, JobStatus
 from core.store import get_job, preempt_job, retry_job, succeed_job
 from core.store.lifecycle import restarts_used
@@ -65,6 +67,9 @@ def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
         rec.flush_history()
         return fail(a, rec.last_step or claim.start_step, e)
     except Exception as e:  # not trainq's own: a retry would meet it again
+        if disk_full(e):  # but not a full disk: the machine's, and another may have room
+            full = WorkerDiskFull(f"the worker host's disk is full ({e}); free space there")
+            return _retry(a, claim, rec, full, spec.max_restarts)
         log.exception("job %s: attempt %d met an unexpected error", a.job_id, a.number)
         with contextlib.suppress(Exception):  # the error may be the database's own
             rec.flush_history()
@@ -183,12 +188,12 @@ def _hand_back(a: Attempt, claim: Claim, rec: Recorder, e: TrainingPreempted) ->
 
 
 def _retry(
-    a: Attempt, claim: Claim, rec: Recorder, e: ExportCheckUnavailable, max_restarts: int
+    a: Attempt, claim: Claim, rec: Recorder, e: TrainqError, max_restarts: int
 ) -> dict[str, Any]:
     """The machine could not check the exported model (its checking process was killed or
-    ran out of time): not the job's fault. The job goes back to the queue as a restart, to
-    resume from its final checkpoint elsewhere (only the export runs again); once its
-    max_restarts are used up, it fails with the reason."""
+    ran out of time), or its disk was full: not the job's fault. The job goes back to the
+    queue as a restart, to resume from its last checkpoint elsewhere; once its max_restarts
+    are used up, it fails with the reason."""
     step = rec.last_step or claim.start_step
     rec.flush_history()
     if restarts_used(claim.job) >= max_restarts:  # job.attempt is this attempt's number

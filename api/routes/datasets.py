@@ -4,21 +4,31 @@ is in api.services.datasets. See docs/datasets.md."""
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, Response, UploadFile
 
 from api.access import visible_dataset
 from api.body import BODY_SLACK, refuse_large_file
 from api.deps import CallerDep, ReaderDep, SessionDep, SettingsDep, UploadsDep
+from api.photo_sets import PhotoOptions
 from api.responses import NO_DATASET, NO_KEY, TOO_LARGE, problem
 from api.schemas import DatasetOut, QuotaProblem
 from api.services import datasets
 from api.services.datasets import dataset_out, no_such_dataset
-from core.datasets import MAX_UPLOAD_BYTES
-from core.store import list_datasets
+from core.datasets import MAX_SIDE, MAX_UPLOAD_BYTES, MIN_SIDE
+from core.errors import NotFound
+from core.store import dataset_thumbnail, list_datasets
 from core.text import PLAIN_PATTERN
 
+Fit = Literal["pad", "crop", "stretch"]
+SIZE_HELP = (
+    "Photos: the side of the square every image is made (4 to 256). Default: the images' "
+    "own where all are one square size, else the median of their longer sides, at most 64."
+)
+FIT_HELP = "Photos: pad (whole image, black bars), crop (centre square) or stretch."
+VAL_HELP = "Photos without train/ and val/ folders: the share of each class held out to val."
+SKIP_HELP = "Photos: leave out files that are not usable images (listed in `skipped`)."
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 ERRORS = {**NO_KEY, **NO_DATASET}
 DatasetId = Annotated[uuid.UUID, "a data set id"]
@@ -55,18 +65,23 @@ UPLOAD_RESPONSES = {
     '`"dataset": "ds:<id>"`.',
 )
 def upload_dataset(
-    file: Annotated[UploadFile, File(description="The .npz or .zip.")],
+    file: Annotated[UploadFile, File(description="The .npz, .zip or .tar.gz.")],
     name: Annotated[str, Form(min_length=1, max_length=200, pattern=PLAIN_PATTERN)],
     response: Response,
     session: SessionDep,
     caller: CallerDep,
     settings: SettingsDep,
     slots: UploadsDep,
+    image_size: Annotated[int | None, Form(ge=MIN_SIDE, le=MAX_SIDE, description=SIZE_HELP)] = None,
+    fit: Annotated[Fit, Form(description=FIT_HELP)] = "pad",
+    val_fraction: Annotated[float, Form(gt=0, lt=1, description=VAL_HELP)] = 0.2,
+    skip_bad: Annotated[bool, Form(description=SKIP_HELP)] = False,
 ) -> DatasetOut:
     # A sync route: FastAPI runs it in the threadpool, so reading and parsing never block
     # the event loop. The body is already spooled (and capped by max_body_size).
     refuse_large_file(file, MAX_UPLOAD_BYTES, "file", f"{MAX_UPLOAD_BYTES} (200 MiB)")
-    ds = datasets.upload(session, settings, slots, caller, file, name)
+    options = PhotoOptions(image_size, fit, val_fraction, skip_bad)
+    ds = datasets.upload(session, settings, slots, caller, file, name, options)
     response.headers["Location"] = f"/datasets/{ds.id}"
     return dataset_out(ds)
 
@@ -85,6 +100,25 @@ def get_one_dataset(dataset_id: DatasetId, session: ReaderDep, caller: CallerDep
     if ds is None:
         raise no_such_dataset(dataset_id)
     return dataset_out(ds)
+
+
+@router.get(
+    "/{dataset_id}/thumbnails/{label}/{k}.png",
+    response_class=Response,
+    responses={**ERRORS, 200: {"content": {"image/png": {}}}},
+    summary="A thumbnail of a photo set's class",
+    description="The k-th (0 to 2) train image of class `label`, as stored (a PNG); the "
+    "paths are listed in the set's `thumbnails`.",
+)
+def get_thumbnail(
+    dataset_id: DatasetId, label: int, k: int, session: ReaderDep, caller: CallerDep
+) -> Response:
+    if visible_dataset(session, caller, str(dataset_id)) is None:
+        raise no_such_dataset(dataset_id)
+    png = dataset_thumbnail(session, dataset_id=str(dataset_id), label=label, k=k)
+    if png is None:
+        raise NotFound(f"data set {dataset_id} has no thumbnail {label}/{k}")
+    return Response(png, media_type="image/png", headers={"Cache-Control": "private"})
 
 
 @router.delete(

@@ -109,6 +109,6 @@ async def predict(
     # body (up to MAX_BODY_BYTES) is read, and the read's session is closed by then: no
     # database connection is held while a client uploads its images.
     model = await read(db, target, caller, job_id)
-    images = await read_images(request, model.shape, invert, budget)
+    images = await read_images(request, model.shape, invert, budget.for_key(caller.owner))
     answer = Answer(classes=model.classes, k=k)
     return await classify(db, model.job_id, model.format, model.sha256, images, answer)

@@ -10,6 +10,7 @@ from fastapi import UploadFile
 from sqlalchemy.orm import Session
 
 from api.auth import Caller
+from api.photo_sets import THUMBS_PER_CLASS, PhotoOptions
 from api.schemas import DatasetOut
 from api.slots import KeySlots, SlotLimit
 from api.uploads import parse_upload
@@ -55,8 +56,27 @@ def dataset_out(ds: UserDataset) -> DatasetOut:
             "train_count": ds.train_count,
             "test_count": ds.test_count,
             "created_at": as_utc(ds.created_at),
+            "classes": ds.classes,
+            "class_counts": ds.class_counts,
+            "holdout_count": ds.holdout_count,
+            "mean": ds.mean,
+            "std": ds.std,
+            "preprocessing": ds.preprocessing,
+            "skipped": ds.skipped,
+            "thumbnails": _thumbnail_paths(ds),
         }
     )
+
+
+def _thumbnail_paths(ds: UserDataset) -> list[list[str]] | None:
+    """Where each class's thumbnails are served (GET /datasets/{id}/thumbnails/{k}/{i}.png),
+    from the train counts: a photo set keeps the first THUMBS_PER_CLASS of each class."""
+    if ds.preprocessing is None or ds.class_counts is None:
+        return None
+    return [
+        [f"/datasets/{ds.id}/thumbnails/{k}/{i}.png" for i in range(min(n, THUMBS_PER_CLASS))]
+        for k, n in enumerate(ds.class_counts.get("train", []))
+    ]
 
 
 def upload(
@@ -66,6 +86,7 @@ def upload(
     caller: Caller,
     file: UploadFile,
     name: str,
+    options: PhotoOptions,
 ) -> UserDataset:
     """The upload parsed and stored, committed. A key with limits is checked twice: for any
     room before the parse (no parse for a key with none), and for the stored size after it
@@ -75,7 +96,7 @@ def upload(
         check_dataset_room(session, settings, limited, 1)
         session.rollback()  # no transaction (SQLite: no write lock) held through the parse
     with slots.held(caller.owner):  # ProcessBusy past the key's share or the process's limit
-        parsed = _parse(file, settings.upload_max_images)
+        parsed = _parse(file, settings.upload_max_images, options)
     if limited is not None:
         lock_owner(session, limited)
         check_dataset_room(session, settings, limited, len(parsed.npz))
@@ -86,9 +107,10 @@ def upload(
     return ds
 
 
-def _parse(file: UploadFile, max_images: int) -> ParsedDataset:
+def _parse(file: UploadFile, max_images: int, options: PhotoOptions) -> ParsedDataset:
     try:
-        return parse_upload(file.file.read(MAX_UPLOAD_BYTES + 1), max_images=max_images)
+        data = file.file.read(MAX_UPLOAD_BYTES + 1)
+        return parse_upload(data, max_images=max_images, options=options)
     except DatasetTooLarge as e:
         raise TooLarge(e.message) from e
     except InvalidDataset as e:

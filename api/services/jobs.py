@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from api.access import no_dataset, visible_status
 from api.auth import Caller
-from api.cancels import announce_cancel
+from api.cancels import announce_cancel, canceled
 from api.formats import default_format, offered_formats
 from api.reads import read
 from api.schemas import METRIC_FIELDS, ConfusionOut, JobOut
@@ -164,10 +164,10 @@ def cancel(session: Session, r: Redis, job: Job) -> JobStatus:
     outcome = request_cancel(session, job_id=job.id)
     if outcome is None:
         raise AlreadyEnded(f"job {job.id} already ended ({job.status})")
+    note = canceled(session, job, outcome)
     session.commit()
-    session.refresh(job)
     try:
-        announce_cancel(r, job, outcome)
+        announce_cancel(r, note)
     except RedisError as e:
         log.warning("job %s: canceled, but Redis was not told: %s", job.id, e)
     return outcome

@@ -15,7 +15,7 @@ from api.access import visible_job
 from api.auth import Caller
 from api.formats import PREDICT_ORDER
 from api.image_files import read_file_images
-from api.images import DecodeBudget
+from api.images import KeyBudget
 from api.json_images import read_json_images
 from core.errors import ModelDamaged, NoModel, UnsupportedMediaType
 from core.spec import ExportFormat, JobStatus
@@ -75,7 +75,7 @@ def _input_shape(job_id: str, record: dict[str, Any] | None) -> tuple[int, int, 
 
 
 async def read_images(
-    request: Request, shape: tuple[int, int, int], invert: bool, budget: DecodeBudget
+    request: Request, shape: tuple[int, int, int], invert: bool, budget: KeyBudget
 ) -> torch.Tensor:
     """The body's images as an (N, C, H, W) tensor, by its media type."""
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()

@@ -258,14 +258,18 @@ def _held_datasets(s: Session, plan: list[Planned]) -> list[Planned]:
     named = {job.id: user_dataset_id(job.spec["dataset"]) for job in new}
     present = lock_datasets(s, dataset_ids=[d for d in named.values() if d is not None])
 
+    gone = {
+        job.id: DatasetGone(f"no data set {job.spec['dataset']!r}: it was deleted")
+        for job in new
+        if named[job.id] is not None and named[job.id] not in present
+    }
+
     def held(p: Planned) -> Planned:
-        if p.how != "new" or p.job is None:
-            return p
-        ds = named[p.job.id]
-        if ds is None or ds in present:
-            return p
-        gone = DatasetGone(f"no data set {p.job.spec['dataset']!r}: it was deleted")
-        return Planned("refused", refusal=gone)
+        # A submission sent again with the same key in this batch ("again") shares the
+        # refusal of the one it repeats: its job is never written either.
+        if p.how in ("new", "again") and p.job is not None and p.job.id in gone:
+            return Planned("refused", refusal=gone[p.job.id])
+        return p
 
     return [held(p) for p in plan]
 

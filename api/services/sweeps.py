@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from api.access import no_dataset, visible_dataset
 from api.auth import Caller
-from api.cancels import announce_cancel
+from api.cancels import announce_cancel, canceled
 from api.reads import read
 from api.schemas import SweepOut
 from api.services.idempotency import answer_again, create_once
@@ -129,14 +129,14 @@ def cancel(session: Session, r: Redis, sweep: Sweep) -> None:
     moved = trials.cancel(session, sweep_id=sweep.id)
     if moved is None:
         raise AlreadyEnded(f"sweep {sweep.id} already ended ({sweep.status})")
-    session.commit()
-    for job, outcome in moved:
-        try:
-            session.refresh(job)
-            announce_cancel(r, job, outcome)
-        except RedisError as e:
-            log.warning("job %s: canceled, but Redis was not told: %s", job.id, e)
+    notes = [canceled(session, job, outcome) for job, outcome in moved]
     session.refresh(sweep)
+    session.commit()
+    for note in notes:
+        try:
+            announce_cancel(r, note)
+        except RedisError as e:
+            log.warning("job %s: canceled, but Redis was not told: %s", note.job_id, e)
 
 
 class SweepReports:

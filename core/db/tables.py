@@ -247,3 +247,12 @@ class UserDataset(Base):
     test_count: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    # Since 0013 (NULL in older rows): what the upload was made of and how.
+    classes: Mapped[list[str] | None] = mapped_column(JSON)
+    class_counts: Mapped[dict[str, list[int]] | None] = mapped_column(JSON)
+    holdout_count: Mapped[int | None] = mapped_column(Integer)
+    mean: Mapped[list[float] | None] = mapped_column(JSON)
+    std: Mapped[list[float] | None] = mapped_column(JSON)
+    preprocessing: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    skipped: Mapped[list[dict[str, str]] | None] = mapped_column(JSON)
+    thumbnails: Mapped[list[list[str]] | None] = mapped_column(JSON, deferred=True)

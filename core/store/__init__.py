@@ -3,7 +3,13 @@ module a noun: `lifecycle` (every move of a job's status), `jobs` (the job row),
 (metrics, checkpoints, the model), `datasets` (uploads). Callers import them from here.
 See docs/jobs.md."""
 
-from core.store.datasets import create_dataset, dataset_data, get_dataset, list_datasets
+from core.store.datasets import (
+    create_dataset,
+    dataset_data,
+    dataset_thumbnail,
+    get_dataset,
+    list_datasets,
+)
 from core.store.jobs import (
     claim_job,
     create_job,
@@ -44,6 +50,7 @@ __all__ = [
     "create_dataset",
     "create_job",
     "dataset_data",
+    "dataset_thumbnail",
     "end_job",
     "epoch_metrics",
     "epoch_of",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 
 from sqlalchemy import select
@@ -26,11 +27,27 @@ def create_dataset(
         train_count=parsed.train_count,
         test_count=parsed.test_count,
         data=parsed.npz,
+        classes=None if parsed.classes is None else list(parsed.classes),
+        class_counts=parsed.class_counts,
+        holdout_count=parsed.holdout_count,
+        mean=list(parsed.mean),
+        std=list(parsed.std),
+        preprocessing=parsed.preprocessing,
+        skipped=parsed.skipped,
+        thumbnails=parsed.thumbnails,
     )
     allow_time_for(s, len(parsed.npz))
     s.add(ds)
     s.flush()
     return ds
+
+
+def dataset_thumbnail(s: Session, *, dataset_id: str, label: int, k: int) -> bytes | None:
+    """The k-th thumbnail of class `label` (a PNG), if the set has it."""
+    thumbs = s.scalar(select(UserDataset.thumbnails).where(UserDataset.id == dataset_id))
+    if not thumbs or not 0 <= label < len(thumbs) or not 0 <= k < len(thumbs[label]):
+        return None
+    return base64.b64decode(thumbs[label][k])
 
 
 def get_dataset(s: Session, *, dataset_id: str) -> UserDataset | None:

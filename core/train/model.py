@@ -96,11 +96,13 @@ class Normalized(nn.Module):
     mean: torch.Tensor
     inv_std: torch.Tensor
 
-    def __init__(self, net: Net, mean: float, std: float) -> None:
+    def __init__(self, net: Net, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         super().__init__()
         self.net = net
-        self.register_buffer("mean", torch.tensor(mean))
-        self.register_buffer("inv_std", torch.tensor(1.0 / std))
+        # One channel: scalars, as always; several: one per channel, (C, 1, 1).
+        shape = () if len(mean) == 1 else (-1, 1, 1)
+        self.register_buffer("mean", torch.tensor(mean).reshape(shape))
+        self.register_buffer("inv_std", torch.tensor([1.0 / s for s in std]).reshape(shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.net((x - self.mean) * self.inv_std)

@@ -16,7 +16,7 @@ from core.errors import InvalidSpec
 from core.spec import DataPath, JobSpec, Optimizer, Scheduler, model_too_large
 from core.train.augment import augmenter
 from core.train.class_metrics import ConfusionCounter
-from core.train.data import Dataset, ResidentBatches, loader_batches
+from core.train.data import Dataset, ResidentBatches, loader_batches, pixel_affine
 from core.train.ema import Ema
 from core.train.model import Net
 from core.train.progress import EpochProgress
@@ -187,7 +187,7 @@ class Run:
         model = self.eval_model
         model.eval()
         test = self.data.test
-        mean, std = self.data.mean * 255.0, self.data.std * 255.0
+        shift, spread = pixel_affine(self.data.mean, self.data.std, self.dev)
         fmt = torch.channels_last if self.spec.channels_last else torch.contiguous_format
         images = test.images.to(self.dev)
         labels = test.labels.to(self.dev)
@@ -195,7 +195,7 @@ class Run:
         correct = torch.zeros((), dtype=torch.long, device=self.dev)
         confusion = ConfusionCounter(self.data.num_classes, self.dev)
         for i in range(0, len(labels), batch_size):
-            x = images[i : i + batch_size].float().sub_(mean).div_(std)
+            x = images[i : i + batch_size].float().sub_(shift).div_(spread)
             y = labels[i : i + batch_size]
             with self.autocast():
                 logits = model(x.contiguous(memory_format=fmt))

@@ -2,7 +2,7 @@
 accuracy on the test split, with the class names (JSON; null for epochs stored before)
 
 Revision ID: 0014
-Revises: 0012
+Revises: 0013
 Create Date: 2026-12-08 10:00:00.000000
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0014"
-down_revision: str | None = "0012"
+down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -98,13 +98,27 @@ def test_a_large_image_reduced_as_decoded_reads_as_at_full_size(mode: str) -> No
 
 def test_decodes_past_the_budget_wait_then_are_refused() -> None:
     budget = DecodeBudget(100, wait_s=0.01)
-    with budget.reserve(60):
-        with pytest.raises(DecodeBusy, match="max_decode_bytes"):
-            decode_image(encoded(Image.new("L", (300, 300))), (1, 28, 28), False, budget)
-        with budget.reserve(40):  # what is left is still lent
+    a, b, c = budget.for_key("a"), budget.for_key("b"), budget.for_key("c")
+    with a.reserve(50), b.reserve(30):
+        with pytest.raises(DecodeBusy, match="max_decode_bytes allows"):
+            decode_image(encoded(Image.new("L", (300, 300))), (1, 28, 28), False, c)
+        with c.reserve(20):  # what is left is still lent
             pass
-    with budget.reserve(100):  # and all of it once given back
+    with a.reserve(50), b.reserve(50):  # and all of it once given back
         pass
+
+
+def test_one_key_never_holds_more_than_its_share() -> None:
+    """One key's large images leave the other keys half of the budget: its own next decode
+    waits for its own to end, another key's goes at once."""
+    budget = DecodeBudget(100, wait_s=0.01)
+    greedy, other = budget.for_key("greedy"), budget.for_key(None)
+    with greedy.reserve(10**9):  # one image never waits for more than a key may hold
+        with pytest.raises(DecodeBusy, match="this key's images") as refused, greedy.reserve(1):
+            pass
+        assert "greedy" not in str(refused.value)
+        with other.reserve(50):
+            pass
 
 
 def test_the_cost_reserved_is_the_decoded_pixels_and_a_few_strips() -> None:

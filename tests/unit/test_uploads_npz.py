@@ -42,7 +42,8 @@ def test_npz_layouts_become_nchw(
     elif layout[-1] in (1, 3):
         first = first.permute(2, 0, 1)
     assert torch.equal(data.train.images[0], first)
-    assert data.std > 0 and 0 < data.mean < 1
+    assert len(data.mean) == len(data.std) == data.image_shape[0]
+    assert all(s > 0 for s in data.std) and all(0 < m < 1 for m in data.mean)
     assert len(data.sha256) == 64
 
 

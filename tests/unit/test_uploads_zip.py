@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from PIL import Image, PngImagePlugin
 
-from api import uploads
+from api import photo_sets
 from api.images import MAX_JPEG_SCANS, MAX_PNG_CHUNKS
+from api.photo_sets import PhotoOptions
 from api.uploads import parse_upload
 from core import datasets
 from core.errors import DatasetTooLarge, InvalidDataset
@@ -33,9 +34,9 @@ def test_zip_of_class_folders(tmp_path: Path) -> None:
         members[f"data/cat/{i}.jpg"] = image("RGB", (32, 24), (255, 0, 0), "JPEG")  # first
     members["data/cat/.DS_Store"] = b"junk"
     members["__MACOSX/data/cat/._0.jpg"] = b"junk"
-    parsed = parse_upload(zip_bytes(members))
+    parsed = parse_upload(zip_bytes(members), options=PhotoOptions(fit="stretch"))
     assert parsed.classes == ("cat", "dog")  # sorted by name: cat 0, dog 1
-    assert parsed.image_shape == (3, 24, 32)  # the first image's size; colour -> all RGB
+    assert parsed.image_shape == (3, 24, 24)  # the median longer side, square; colour -> RGB
     assert (parsed.train_count, parsed.test_count, parsed.num_classes) == (16, 4, 2)
     data = load_dataset(place(parsed, tmp_path), tmp_path)
     assert data.train.labels.bincount().tolist() == [8, 8]  # stratified 80/20
@@ -45,7 +46,8 @@ def test_zip_of_class_folders(tmp_path: Path) -> None:
     dog = data.train.images[data.train.labels == 1][0]
     assert (dog == 200).all()  # gray -> the same value in R, G and B
     # The same upload, the same split.
-    assert parse_upload(zip_bytes(members)).sha256 == parsed.sha256
+    again = parse_upload(zip_bytes(members), options=PhotoOptions(fit="stretch"))
+    assert again.sha256 == parsed.sha256
 
 
 def test_grayscale_folders_stay_one_channel() -> None:
@@ -72,8 +74,8 @@ def test_zip_layout_problems_are_named() -> None:
         parse_upload(zip_bytes({**ok, "a/broken.png": b"not really"}))
     with pytest.raises(InvalidDataset, match="1 classes"):
         parse_upload(zip_bytes({f"a/{i}.png": image("L", (8, 8), 0) for i in range(3)}))
-    with pytest.raises(InvalidDataset, match="300×8 pixels"):
-        parse_upload(zip_bytes({**ok, "a/wide.png": image("L", (300, 8), 0)}))
+    with pytest.raises(InvalidDataset, match="2×8 pixels"):
+        parse_upload(zip_bytes({**ok, "a/thin.png": image("L", (2, 8), 0)}))
 
 
 def test_a_zip_bomb_is_refused() -> None:
@@ -128,7 +130,7 @@ def test_the_pixels_every_image_decodes_into_are_bounded(monkeypatch: pytest.Mon
     members = {"a/0.png": image("L", (8, 8), 0), "b/0.png": image("L", (8, 8), 255)}
     large = image("RGBA", (256, 256), (9, 9, 9, 9))  # 256 KiB decoded
     members.update({f"{k}/{i}.png": large for k in "ab" for i in range(1, 5)})
-    monkeypatch.setattr(uploads, "MAX_UNCOMPRESSED_BYTES", 1 << 20)
+    monkeypatch.setattr(photo_sets, "MAX_DECODED_BYTES", 1 << 20)
     with pytest.raises(DatasetTooLarge, match="10 images decode into 2 MiB: at most"):
         parse_upload(zip_bytes(members))
 

@@ -1,0 +1,124 @@
+"""The members of an uploaded archive of photos, zip or tar (gzipped or not), behind the
+guards: counts and sizes before anything is expanded, nothing expanding over MAX_RATIO
+times, no absolute path or '..', no name that is not plain text; links (symlinks, hard
+links) and other non-files are skipped and named. See docs/datasets.md ("Photos")."""
+
+from __future__ import annotations
+
+import io
+import stat
+import tarfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from core import datasets
+from core.datasets import check_ratio, checked_members, read_member
+from core.errors import DatasetTooLarge, InvalidDataset
+from core.text import PLAIN_MESSAGE, is_plain
+
+TAR_HEADER = 512  # bytes a tar member's header takes
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str  # as the archive spells it
+    parts: tuple[str, ...]
+    read: Callable[[], bytes]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    name: str
+    reason: str
+
+
+def is_tar(data: bytes) -> bool:
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|*") as tf:
+            return tf.next() is not None
+    except (tarfile.TarError, OSError, EOFError):
+        return False
+
+
+def _parts(name: str) -> tuple[str, ...]:
+    """The path's parts, refused if absolute, climbing with '..' or not plain text."""
+    path = name.replace("\\", "/")
+    parts = tuple(p for p in path.split("/") if p not in ("", "."))
+    if path.startswith("/") or (len(name) > 1 and name[1] == ":") or ".." in parts:
+        raise InvalidDataset(f"archive member {name!r}: absolute paths and '..' are refused")
+    return parts
+
+
+def _ignored(parts: tuple[str, ...]) -> bool:
+    return not parts or parts[0] == "__MACOSX" or any(p.startswith(".") for p in parts)
+
+
+def _check_file_name(name: str, parts: tuple[str, ...]) -> None:
+    if not is_plain(parts[-1]):
+        raise InvalidDataset(f"archive member {name!r}: its file name is not plain text: "
+                             f"{PLAIN_MESSAGE}")  # fmt: skip
+
+
+def zip_members(zf: zipfile.ZipFile) -> tuple[list[Member], list[Skipped]]:
+    """The zip's files (core.datasets.checked_members' guards), links skipped and named."""
+    members, skipped = [], []
+    for info in checked_members(zf):
+        parts = _parts(info.filename)
+        if _ignored(parts):
+            continue
+        if stat.S_ISLNK(info.external_attr >> 16):
+            skipped.append(Skipped(info.filename, "a symbolic link: links are not followed"))
+            continue
+        _check_file_name(info.filename, parts)
+        members.append(Member(info.filename, parts, partial(read_member, zf, info)))
+    return members, skipped
+
+
+def tar_members(data: bytes) -> tuple[list[Member], list[Skipped]]:
+    """The tar's regular files, read as one stream: members counted, each one's declared
+    size added up before it is read (at most MAX_UNCOMPRESSED_BYTES, and MAX_RATIO times
+    the upload), links and devices skipped and named."""
+    members: list[Member] = []
+    skipped: list[Skipped] = []
+    count = expanded = 0
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|*") as tf:
+        for info in tf:
+            count += 1
+            if count > datasets.MAX_MEMBERS:
+                raise DatasetTooLarge(f"the archive has over {datasets.MAX_MEMBERS} members")
+            expanded += TAR_HEADER + max(info.size, 0)
+            _check_expanded(expanded, len(data))
+            parts = _parts(info.name)
+            if _ignored(parts) or info.isdir():
+                continue
+            if info.issym() or info.islnk():
+                kind = "a symbolic link" if info.issym() else "a hard link"
+                skipped.append(Skipped(info.name, f"{kind}: links are not followed"))
+                continue
+            if not info.isfile():
+                skipped.append(Skipped(info.name, "not a regular file"))
+                continue
+            _check_file_name(info.name, parts)
+            members.append(Member(info.name, parts, partial(bytes, _read(tf, info))))
+    return members, skipped
+
+
+def _check_expanded(expanded: int, packed: int) -> None:
+    if expanded > datasets.MAX_UNCOMPRESSED_BYTES:
+        raise DatasetTooLarge(
+            f"the archive holds over {expanded} bytes uncompressed: at most "
+            f"{datasets.MAX_UNCOMPRESSED_BYTES} (1 GiB)"
+        )
+    check_ratio(expanded, packed, "the archive")
+
+
+def _read(tf: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
+    f = tf.extractfile(info)
+    if f is None:
+        raise InvalidDataset(f"archive member {info.name!r} could not be read")
+    out = f.read(info.size + 1)
+    if len(out) != info.size:
+        raise InvalidDataset(f"archive member {info.name!r} is not the size its header says")
+    return out

@@ -1,0 +1,112 @@
+"""One photo made into a data set's image: any mode Pillow opens turned into 8-bit gray or
+RGB (what was done said in words), then resized once, with anti-aliasing, to a square of the
+set's side by padding, cropping or stretching. Uploads use it for every image of a set and
+predict for one image, so an image is prepared exactly as the set's were.
+See docs/datasets.md ("Photos")."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image
+
+FITS = ("pad", "crop", "stretch")
+DEFAULT_FIT = "pad"
+DEFAULT_SIDE_CAP = 64  # the default side: the images' median longer side, at most this
+FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "TIFF", "GIF")
+SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
+# One image, from its header, before it is decoded: below the bound past which Pillow warns
+# (api.images sets it to 2×4096×4096), which in turn refuses past twice that.
+MAX_PIXELS = 32_000_000
+REDUCING_GAP = 3.0  # Pillow reduces by whole factors first, down to 3 times the target
+GRAY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
+_ALPHA_MODES = frozenset({"RGBA", "LA", "La", "RGBa", "PA"})
+
+U8 = npt.NDArray[np.uint8]
+
+
+def is_colour(img: Image.Image) -> bool:
+    """Whether the image has colour: a palette counts as colour unless every entry is gray."""
+    if img.mode == "P":
+        palette = img.getpalette() or []
+        rgb = [palette[i : i + 3] for i in range(0, len(palette), 3)]
+        return any(not (r == g == b) for r, g, b in rgb)
+    return img.mode not in GRAY_MODES
+
+
+def mode_note(img: Image.Image) -> str | None:
+    """What turning this image into 8 bits does, in words (None: nothing worth saying)."""
+    if img.mode.startswith("I;16") or img.mode == "I":
+        return "16-bit gray scaled to 8 bits"
+    if img.mode == "F":
+        return "float gray scaled to 8 bits"
+    if img.mode in _ALPHA_MODES or "transparency" in img.info:
+        return f"{img.mode} alpha composited on black"
+    if img.mode == "CMYK":
+        return "CMYK converted to RGB"
+    if img.mode == "P":
+        return "palette expanded"
+    return None
+
+
+def to_8bit(img: Image.Image, channels: int) -> Image.Image:
+    """The image as "L" (channels 1) or "RGB" (3). Transparent pixels are composited on
+    black (alpha is not kept); 16-bit gray is scaled by 255/65535, never clipped; float gray
+    in [0, 1] is scaled to [0, 255] (above 1: read as [0, 255], clipped)."""
+    mode = "L" if channels == 1 else "RGB"
+    if img.mode in _ALPHA_MODES or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
+        background.alpha_composite(rgba)
+        return background.convert(mode)
+    if img.mode.startswith("I;16") or img.mode == "I":
+        img = img.convert("I").point(lambda v: v / 257).convert("L")
+    elif img.mode == "F":
+        high = img.getextrema()[1]
+        img = img.point(lambda v: v * 255) if isinstance(high, float) and high <= 1.0 else img
+        img = img.convert("L")
+    return img.convert(mode)
+
+
+def draft_for(img: Image.Image, size: int, channels: int) -> None:
+    """A JPEG set to decode at a reduced scale (1/2 to 1/8) that still leaves each side at
+    least REDUCING_GAP times `size`; nothing for other formats. Changes `img.size`."""
+    if img.format == "JPEG":
+        want = int(size * REDUCING_GAP)
+        img.draft("L" if channels == 1 else "RGB", (want, want))
+
+
+def fit_image(img: Image.Image, size: int, fit: str, channels: int) -> U8:
+    """`img` as a (size, size, channels) uint8 array: made 8-bit (to_8bit), then resized once
+    with Lanczos. `fit`: "pad" keeps the whole image and pads the short side with black,
+    centred; "crop" keeps the centre square; "stretch" scales each side on its own."""
+    if fit not in FITS:
+        raise ValueError(f"fit {fit!r}: one of {', '.join(FITS)}")
+    draft_for(img, size, channels)
+    small = to_8bit(img, channels)
+    w, h = small.size
+    lanczos = Image.Resampling.LANCZOS
+    if fit == "stretch":
+        out = small.resize((size, size), lanczos, reducing_gap=REDUCING_GAP)
+    elif fit == "crop":
+        side = min(w, h)
+        box = ((w - side) / 2, (h - side) / 2, (w + side) / 2, (h + side) / 2)
+        out = small.resize((size, size), lanczos, box=box, reducing_gap=REDUCING_GAP)
+    else:
+        scale = size / max(w, h)
+        nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+        inner = small.resize((nw, nh), lanczos, reducing_gap=REDUCING_GAP)
+        out = Image.new(small.mode, (size, size), 0)
+        out.paste(inner, ((size - nw) // 2, (size - nh) // 2))
+    arr = np.asarray(out, dtype=np.uint8)
+    return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+def default_side(sizes: list[tuple[int, int]], low: int, high: int) -> int:
+    """The side a set's images are made when none is asked: their own where all are one
+    square size within [low, high] (nothing resized), else the median of their longer sides,
+    at most DEFAULT_SIDE_CAP and at least `low`."""
+    if len(set(sizes)) == 1 and sizes[0][0] == sizes[0][1] and low <= sizes[0][0] <= high:
+        return sizes[0][0]
+    median = int(np.median([max(s) for s in sizes]))
+    return max(low, min(DEFAULT_SIDE_CAP, median))
