@@ -18,8 +18,8 @@ from api.image_files import read_file_images
 from api.images import KeyBudget
 from api.json_images import read_json_images
 from core.errors import ModelDamaged, NoModel, UnsupportedMediaType
-from core.spec import ExportFormat, JobStatus
-from core.store import artifact_sha256s
+from core.spec import ExportFormat, JobStatus, user_dataset_id
+from core.store import artifact_sha256s, get_dataset
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +34,7 @@ class Target:
     format: ExportFormat
     sha256: str
     classes: tuple[str, ...]  # the record's class names; () for a job stored before them
+    fit: str | None  # how its data set's images were sized (a photo set's); None: stretched
 
 
 def target(session: Session, caller: Caller, job_id: uuid.UUID) -> Target:
@@ -52,7 +53,17 @@ def target(session: Session, caller: Caller, job_id: uuid.UUID) -> Target:
         format=fmt,
         sha256=stored[fmt],
         classes=_class_names(job.record),
+        fit=_dataset_fit(session, job.spec),
     )
+
+
+def _dataset_fit(session: Session, spec: dict[str, Any]) -> str | None:
+    """The fit its uploaded data set's images were made by, which predict's image files are
+    made by too; None for a built-in set, a set of no fit, or one deleted since."""
+    ds_id = user_dataset_id(str(spec.get("dataset", "")))
+    row = None if ds_id is None else get_dataset(session, dataset_id=ds_id)
+    fit = ((row.preprocessing if row is not None else None) or {}).get("fit")
+    return fit if isinstance(fit, str) else None
 
 
 def _class_names(record: dict[str, Any] | None) -> tuple[str, ...]:
@@ -75,14 +86,19 @@ def _input_shape(job_id: str, record: dict[str, Any] | None) -> tuple[int, int, 
 
 
 async def read_images(
-    request: Request, shape: tuple[int, int, int], invert: bool, budget: KeyBudget
+    request: Request,
+    shape: tuple[int, int, int],
+    invert: bool,
+    budget: KeyBudget,
+    fit: str | None = None,
 ) -> torch.Tensor:
-    """The body's images as an (N, C, H, W) tensor, by its media type."""
+    """The body's images as an (N, C, H, W) tensor, by its media type; image files are made
+    by the data set's `fit`."""
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type == "application/json":
         return await read_json_images(request, shape, invert)
     if media_type == "multipart/form-data":
-        return await read_file_images(request, shape, invert, budget)
+        return await read_file_images(request, shape, invert, budget, fit)
     raise UnsupportedMediaType(
         f'send application/json ({{"images": [...]}}) or multipart/form-data '
         f"(PNG or JPEG files in field 'files'), not {media_type or 'no Content-Type'}"
