@@ -18,8 +18,8 @@ from api.image_files import read_file_images
 from api.images import KeyBudget
 from api.json_images import read_json_images
 from core.errors import ModelDamaged, NoModel, UnsupportedMediaType
-from core.spec import ExportFormat, JobStatus, user_dataset_id
-from core.store import artifact_sha256s, get_dataset
+from core.spec import ExportFormat, JobStatus
+from core.store import artifact_sha256s
 
 if TYPE_CHECKING:
     import torch
@@ -53,16 +53,14 @@ def target(session: Session, caller: Caller, job_id: uuid.UUID) -> Target:
         format=fmt,
         sha256=stored[fmt],
         classes=_class_names(job.record),
-        fit=_dataset_fit(session, job.spec),
+        fit=_fit(job.record),
     )
 
 
-def _dataset_fit(session: Session, spec: dict[str, Any]) -> str | None:
-    """The fit its uploaded data set's images were made by, which predict's image files are
-    made by too; None for a built-in set, a set of no fit, or one deleted since."""
-    ds_id = user_dataset_id(str(spec.get("dataset", "")))
-    row = None if ds_id is None else get_dataset(session, dataset_id=ds_id)
-    fit = ((row.preprocessing if row is not None else None) or {}).get("fit")
+def _fit(record: dict[str, Any] | None) -> str | None:
+    """How the model's data set made its images (the run record's preprocessing, as its model
+    card says), which predict's image files are made by too; None for a record without it."""
+    fit = ((record or {}).get("preprocessing") or {}).get("fit")
     return fit if isinstance(fit, str) else None
 
 

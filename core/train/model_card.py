@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core.spec import user_dataset_id
 from core.train.data import Dataset
 
 DEFAULT_FIT = "stretch"  # how a set without its own fit was resized: to H x W, as it came
@@ -25,22 +24,12 @@ def preprocessing(data: Dataset) -> dict[str, Any]:
         "channels": c,
         "height": h,
         "width": w,
-        "fit": _fit(data),
+        # An upload's set names the fit it was resized by; the built-in sets have none.
+        "fit": data.fit or DEFAULT_FIT,
         "normalization": "folded into the model: do not subtract a mean or divide by a std",
-        "mean": list(data.mean),  # per channel
+        "mean": list(data.mean),
         "std": list(data.std),
     }
-
-
-def _fit(data: Dataset) -> str | None:
-    """How the set's images were sized: the set's own fit where the trainer is told it; a
-    built-in set's images are taken as they come ("stretch" to their own H x W). An uploaded
-    set's fit is kept with the set in the database, which the trainer does not read: null
-    until the set's file carries it, rather than a guess."""
-    fit = getattr(data, "fit", None)
-    if isinstance(fit, str):
-        return fit
-    return None if user_dataset_id(data.name) is not None else DEFAULT_FIT
 
 
 def model_metadata(data: Dataset) -> dict[str, str]:
