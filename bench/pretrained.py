@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from typing import Any
 
@@ -108,6 +109,7 @@ def run(mode: str, train: Any, test: Any, epochs: int, batch: int) -> dict[str, 
             F.cross_entropy(model(xb), y[idx]).backward()
             optimizer.step()
         accuracies.append(round(accuracy(model, *test), 4))
+        print(f"{mode} epoch {len(accuracies)}: {accuracies[-1]}", file=sys.stderr, flush=True)
     return {"test_accuracy_per_epoch": accuracies, "seconds": round(time.perf_counter() - start)}
 
 
