@@ -208,7 +208,7 @@ def test_compare_shows_only_the_fields_that_differ() -> None:
     metrics = [{"test_accuracy": 0.938, "epochs": 2}, {"test_accuracy": 0.104, "epochs": 1}]
     lines = [line.split() for line in compare_table(jobs, metrics)]
     assert lines[:2] == [["9c88f067", "fa7000e0"], ["lr", "0.003", "1e-06"]]
-    assert lines[2][0] == "(32" and lines[3] == []  # every other field equal, defaults filled
+    assert lines[2][0] == "(36" and lines[3] == []  # every other field equal, defaults filled
     assert lines[4:] == [
         ["status", "succeeded", "pruned"],
         ["test_accuracy", "0.9380", "0.1040"],
