@@ -12,7 +12,8 @@ from typing import Any
 from tqdm import tqdm
 
 from cli.client_cmd import client
-from cli.problems import INVALID, shown
+from cli.problems import INVALID, refused, shown
+from client.http import ApiError
 from client.uploads import NotAnUpload
 
 SPLITS = ("train", "val", "holdout")
@@ -39,9 +40,11 @@ def upload_command(args: argparse.Namespace) -> int:
                 progress=progress,
             )
         except NotAnUpload as e:
-            bar.leave = False
             print(f"trainq: {shown(e)}", file=sys.stderr)
             return INVALID
+        except ApiError as e:
+            bar.close()
+            return refused(e, "the upload")
     print("\n".join(summary(ds)))
     return 0
 
@@ -62,7 +65,7 @@ def summary(ds: dict[str, Any]) -> list[str]:
         lines += [f"  {shown(note)}" for note in prep.get("notes", [])]
     skipped = ds.get("skipped") or []
     if skipped:
-        lines.append(f"skipped  {len(skipped)} files:")
+        lines.append(f"skipped  {len(skipped)}:")
         lines += [f"  {shown(s['file'])}: {shown(s['reason'])}" for s in skipped]
     return lines
 
