@@ -12,8 +12,9 @@ from sqlalchemy.orm import Session
 from api.auth import Caller
 from core.db import Job, UserDataset
 from core.errors import InvalidRequest, NotFound
-from core.spec import JobSpec, model_too_large, user_dataset_id
-from core.store import get_dataset, get_job, job_access
+from core.model_sizes import model_too_large
+from core.spec import JobSpec, user_dataset_id
+from core.store import get_dataset, get_job, job_access, start_weights
 
 MIN_ID_PREFIX = 4
 # `trainq` and the dashboard show ids by their first characters: a listing narrowed to the
@@ -77,3 +78,22 @@ def no_dataset(spec: JobSpec) -> dict[str, Any]:
         "type": "dataset_not_found",
         "input": spec.dataset,
     }
+
+
+def check_start(session: Session, caller: Caller, spec: JobSpec, loc: tuple[str, ...]) -> None:
+    """init_from must name one of the caller's own succeeded jobs, of the spec's
+    architecture; 422 on the field otherwise (another owner's job reads as a missing one)."""
+    if spec.init_from is None:
+        return
+    found = start_weights(session, job_id=spec.init_from, owner=caller.owner)
+    problem = None
+    if found is None:
+        problem = (
+            f"no succeeded job {spec.init_from} of yours with trained weights: name one "
+            "of your own succeeded jobs (GET /jobs?status=succeeded)"
+        )
+    elif found.model != spec.model:
+        problem = f"job {spec.init_from} trained a {found.model}: set model {found.model!r}"
+    if problem:
+        error = {"loc": [*loc, "init_from"], "msg": problem, "type": "init_from"}
+        raise InvalidRequest([{**error, "input": spec.init_from}])

@@ -12,6 +12,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from core.model_sizes import model_too_large
+
 DATASETS = ("mnist", "fashion-mnist", "mnist-sample")
 # Named by specs once and offered no longer: no registry here ships them. Stored jobs that
 # name one still read (the database keeps specs as plain JSON); a new spec is refused.
@@ -64,6 +66,18 @@ class Augment(StrEnum):
     none = "none"
     shift = "shift"  # a random shift of up to 8% of the side, per image
     affine = "affine"  # a random rotation (±10°), zoom (±10%) and shift (±8%), per image
+    photo = "photo"  # random resized crop, horizontal flip, light colour jitter, per image
+
+
+class Architecture(StrEnum):
+    """The model a job trains (docs/models.md): the seed's CNN or a torchvision builder."""
+
+    cnn = "cnn"
+    resnet18 = "resnet18"
+    resnet34 = "resnet34"
+    mobilenet_v3_small = "mobilenet_v3_small"
+    mobilenet_v3_large = "mobilenet_v3_large"
+    efficientnet_b0 = "efficientnet_b0"
 
 
 class Priority(StrEnum):
@@ -202,6 +216,26 @@ class JobSpec(BaseModel):
     prefetch_factor: int = Field(
         2, title="Prefetch factor", ge=1, le=16, description="Batches each worker prefetches."
     )
+    model: Architecture = Field(
+        Architecture.cnn,
+        title="Architecture",
+        description="cnn (the seed's CNN), resnet18, resnet34, mobilenet_v3_small, "
+        "mobilenet_v3_large or efficientnet_b0 (torchvision's, stems fitted to small images).",
+    )
+    init_from: str | None = Field(
+        None,
+        title="Start from job",
+        max_length=36,
+        description="The id of one of your own succeeded jobs of the same architecture: start "
+        "from its trained weights (a new class layer when the classes differ).",
+    )
+    freeze_backbone: bool = Field(
+        False, title="Freeze backbone", description="Train only the classifier (init_from only)."
+    )
+    backbone_lr_scale: float = Field(
+        1.0, title="Backbone learning-rate scale", gt=0, le=1,
+        description="The backbone learns at lr times this; the classifier at lr (init_from only).",
+    )  # fmt: skip
     conv1_channels: int = Field(32, title="First conv layer channels", ge=1, le=512)
     conv2_channels: int = Field(64, title="Second conv layer channels", ge=1, le=1024)
     conv3_channels: int = Field(
@@ -282,6 +316,14 @@ class JobSpec(BaseModel):
             "the id of a data set uploaded with POST /datasets"
         )
 
+    @field_validator("init_from")
+    @classmethod
+    def _job_id(cls, v: str | None) -> str | None:
+        try:
+            return None if v is None else str(uuid.UUID(v))  # canonical: lower case
+        except ValueError:
+            raise ValueError(f"init_from must be a job id, not {v!r}") from None
+
     @field_validator("export")
     @classmethod
     def _distinct_formats(cls, v: tuple[ExportFormat, ...]) -> tuple[ExportFormat, ...]:
@@ -293,6 +335,9 @@ class JobSpec(BaseModel):
     def _consistent(self) -> JobSpec:
         if self.scheduler is Scheduler.cosine and self.min_lr > self.lr:
             raise ValueError("min_lr must not exceed lr for the cosine schedule")
+        problem = _architecture_problem(self)
+        if problem:
+            raise ValueError(problem)
         if user_dataset_id(self.dataset) is None:  # the built-in sets: 1×28×28, 10 classes
             problem = model_too_large(self, (1, 28, 28), 10)
             if problem:
@@ -300,40 +345,18 @@ class JobSpec(BaseModel):
         return self
 
 
-# A checkpoint holds ~16 bytes a parameter (weights, AdamW's two moments, the moving
-# average): 30M parameters make ~480 MB, within a database blob (SQLite ~1 GB, PostgreSQL
-# 1 GB) with room to spare, and far past what these data sets need.
-MAX_PARAMETERS = 30_000_000
+CNN_ONLY = ("conv1_channels", "conv2_channels", "conv3_channels", "hidden")  # and checkpointing
 
 
-def parameter_count(spec: JobSpec, image_shape: tuple[int, int, int], num_classes: int) -> int:
-    """The parameters of core.train.model.Net built for `spec` on images of `image_shape`
-    (C, H, W): arithmetic only, so the API can refuse a spec before anything is built."""
-    c, h, w = image_shape
-    c1, c2, c3 = spec.conv1_channels, spec.conv2_channels, spec.conv3_channels
-    n = c * c1 * 9 + 2 * c1 + c1 * c2 * 9 + 2 * c2  # convs (no bias) and their BatchNorms
-    h, w, last = h // 4, w // 4, c2
-    if c3:
-        n += c2 * c3 * 9 + 2 * c3
-        if min(h, w) >= 2:
-            h, w = h // 2, w // 2
-        last = c3
-    return n + last * h * w * spec.hidden + spec.hidden + spec.hidden * num_classes + num_classes
-
-
-def model_too_large(
-    spec: JobSpec, image_shape: tuple[int, int, int], num_classes: int
-) -> str | None:
-    """Why the spec's model is too large for these images, or None."""
-    n = parameter_count(spec, image_shape, num_classes)
-    if n <= MAX_PARAMETERS:
-        return None
-    return (
-        f"the model would have {n:,} parameters on {'×'.join(map(str, image_shape))} images "
-        f"(conv1_channels {spec.conv1_channels}, conv2_channels {spec.conv2_channels}, "
-        f"conv3_channels {spec.conv3_channels}, hidden {spec.hidden}): at most "
-        f"{MAX_PARAMETERS:,}. Narrow the layers."
-    )
+def _architecture_problem(spec: JobSpec) -> str | None:
+    """Fields that the spec's architecture or its start do not take, named; or None."""
+    if spec.model is not Architecture.cnn:
+        changed = [f for f in CNN_ONLY if getattr(spec, f) != JobSpec.model_fields[f].default]
+        if changed := changed + ["gradient_checkpointing"] * spec.gradient_checkpointing:
+            return f"{', '.join(changed)}: for model cnn only, not {spec.model}; leave them out"
+    if spec.init_from is None and (spec.freeze_backbone or spec.backbone_lr_scale != 1):
+        return "freeze_backbone and backbone_lr_scale need init_from (a job to start from)"
+    return None
 
 
 # What a stored spec meant before each of these fields existed: the recipe then. A job's

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from core.errors import (
     ExportCheckUnavailable,
     InternalError,
+    InvalidSpec,
     JobSuperseded,
     OutOfMemory,
     TrainingPreempted,
@@ -24,7 +25,7 @@ from core.errors import (
 )
 from core.files import disk_full
 from core.spec import JobSpec, JobStatus
-from core.store import get_job, preempt_job, retry_job, succeed_job
+from core.store import get_job, preempt_job, retry_job, start_weights, succeed_job
 from core.store.lifecycle import restarts_used
 from core.train import TrainResult, is_out_of_memory
 from core.train import train as run_training
@@ -50,6 +51,7 @@ def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
             callbacks=rec.callbacks(),
             resume=claim.checkpoint,
             history=claim.history,
+            start_weights=_start_weights(a, spec, claim),
             export_check_timeout_s=a.settings.export_check_timeout_s,
         )
         return _succeed(a, rec, result)
@@ -97,6 +99,27 @@ def _recorder(a: Attempt, spec: JobSpec, claim: Claim) -> Recorder:
     return rec
 
 
+def _start_weights(a: Attempt, spec: JobSpec, claim: Claim) -> bytes | None:
+    """The weights of the job init_from names, checked again here (the API checked them at
+    submission: the job may since have been deleted or purged). None with a checkpoint: a
+    resume starts from that."""
+    if spec.init_from is None or claim.checkpoint is not None:
+        return None
+    with a.db.reader() as s:
+        found = start_weights(s, job_id=spec.init_from, owner=claim.job.owner)
+    if found is None:
+        raise InvalidSpec(
+            "init_from",
+            f"job {spec.init_from} has no trained weights to start from (deleted, purged by "
+            "retention, or not a succeeded job of this key)",
+        )
+    if found.model != spec.model:
+        raise InvalidSpec(
+            "init_from", f"job {spec.init_from} trained a {found.model}, not a {spec.model}"
+        )
+    return found.data
+
+
 def _succeed(a: Attempt, rec: Recorder, result: TrainResult) -> dict[str, Any]:
     summary = result.summary()
     models = list(result.models.values())
@@ -104,7 +127,7 @@ def _succeed(a: Attempt, rec: Recorder, result: TrainResult) -> dict[str, Any]:
     def store(s: Session) -> bool:
         return succeed_job(
             s, job_id=a.job_id, attempt=a.number,
-            result=summary, record=result.record, models=models,
+            result=summary, record=result.record, models=models, weights=result.weights,
         )  # fmt: skip
 
     write = partial(a.write, store)  # retried through a database blip (worker.retry)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from api.access import IdPrefix, check_dataset, visible_job, visible_status
+from api.access import IdPrefix, check_dataset, check_start, visible_job, visible_status
 from api.cursors import decode_cursor, encode_cursor
 from api.deletion import delete_job
 from api.deps import (
@@ -78,6 +78,8 @@ async def submit_job(
 ) -> Any:
     if user_dataset_id(spec.dataset) is not None:
         await read(db, check_dataset, caller, spec)
+    if spec.init_from is not None:
+        await read(db, check_start, caller, spec, ("body",))
     job, created = await jobs.submit(submitter, spec, caller, idempotency_key)
     if not created:
         return await jobs.answer_again_async(job, spec, caller, r)

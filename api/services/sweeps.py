@@ -18,7 +18,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
-from api.access import no_dataset, visible_dataset
+from api.access import check_start, no_dataset, visible_dataset
 from api.auth import Caller
 from api.cancels import announce_cancel, canceled
 from api.reads import read
@@ -48,8 +48,9 @@ def visible_sweep(session: Session, caller: Caller, sweep_id: uuid.UUID | str) -
 
 
 def check_bounds(session: Session, caller: Caller, spec: SweepSpec) -> None:
-    """InvalidRequest (422) if the base's uploaded data set is not the caller's to see, or
-    a trial the space allows would not fit its images."""
+    """InvalidRequest (422) if the base's uploaded data set is not the caller's to see, its
+    init_from not the caller's own job, or a trial the space allows would not fit its images."""
+    check_start(session, caller, spec.base, ("body", "base"))
     images = None
     if user_dataset_id(spec.base.dataset) is not None:
         ds = visible_dataset(session, caller, str(user_dataset_id(spec.base.dataset)))

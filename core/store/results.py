@@ -4,14 +4,15 @@ a success). An attempt that no longer owns its job writes nothing. See docs/jobs
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.orm import Session
 
-from core.db import Artifact, Checkpoint, EpochMetric, StepMetric, allow_time_for
+from core.db import Artifact, Checkpoint, EpochMetric, Job, StepMetric, allow_time_for
 from core.spec import JobStatus
 from core.store.jobs import fence
 from core.store.lifecycle import move, requeued
@@ -85,21 +86,49 @@ def succeed_job(
     result: dict[str, Any],
     record: dict[str, Any],
     models: Sequence[ExportedModel],
+    weights: bytes = b"",
 ) -> bool:
     """running -> succeeded with its result, run record and its model in each verified
-    format; the checkpoint goes (lifecycle.move). False if the attempt no longer owns the job."""
+    format, and its weights (what init_from starts from); the checkpoint goes
+    (lifecycle.move). False if the attempt no longer owns the job."""
     if not move(
         s, job_id, JobStatus.succeeded, attempt=attempt,
         result=result, record=record, error_code=None, error_message=None,
     ):  # fmt: skip
         return False
     s.execute(delete(Artifact).where(Artifact.job_id == job_id))
-    allow_time_for(s, sum(len(m.data) for m in models))
+    allow_time_for(s, sum(len(m.data) for m in models) + len(weights))
     s.add_all(
         Artifact(job_id=job_id, format=m.format, data=m.data, sha256=m.sha256, size=len(m.data))
         for m in models
     )
+    if weights:
+        digest, size = hashlib.sha256(weights).hexdigest(), len(weights)
+        s.add(Artifact(job_id=job_id, format=WEIGHTS, data=weights, sha256=digest, size=size))
     return True
+
+
+# Not a model format that is offered for download: the trained weights as a state_dict,
+# read back with torch.load(weights_only=True), which a job's init_from starts from.
+WEIGHTS = "state_dict"
+
+
+@dataclass(frozen=True)
+class StartWeights:
+    model: str  # the architecture that made them
+    data: bytes
+
+
+def start_weights(s: Session, *, job_id: str, owner: str | None) -> StartWeights | None:
+    """The trained weights of `owner`'s own succeeded job `job_id`, or None: another owner's
+    job is answered exactly as a missing one."""
+    job = s.get(Job, job_id)
+    if job is None or job.owner != owner or job.status != JobStatus.succeeded:
+        return None
+    art = s.get(Artifact, (job_id, WEIGHTS))
+    if art is None:
+        return None
+    return StartWeights(str(job.spec.get("model", "cnn")), art.data)
 
 
 def _replace_steps(s: Session, job_id: str, first: int, steps: Sequence[StepMetrics]) -> None:

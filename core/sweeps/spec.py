@@ -24,7 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from core.spec import JobSpec, model_too_large
+from core.model_sizes import model_too_large
+from core.spec import JobSpec
 
 MAX_DIMENSIONS = 12
 MAX_CORNERS = 4096  # the corners of the space checked against JobSpec, each a validation

@@ -21,7 +21,7 @@ from torchvision import datasets, transforms
 from core.data_sources import SOURCES, install_hint, verify_installed
 from core.errors import DatasetNotFound
 from core.spec import user_dataset_id
-from core.train.augment import Affine, random_affine
+from core.train.augment import Augmenter
 from core.train.mnist_sample import IDX_FILES, write_mnist_sample
 
 _TORCHVISION = {
@@ -218,7 +218,7 @@ class ResidentBatches:
         std: tuple[float, ...],
         channels_last: bool,
         seed: int,
-        augment: Affine | None = None,
+        augment: Augmenter | None = None,
     ) -> None:
         self.images = split.images.to(device)
         self.labels = split.labels.to(device)
@@ -242,7 +242,7 @@ class ResidentBatches:
             idx = order[i * self.batch_size : (i + 1) * self.batch_size]
             x = self.images[idx].float().sub_(self.shift).mul_(self.scale)
             if self.augment is not None:
-                x = random_affine(x, self.augment, moves)
+                x = self.augment(x, moves)
             yield x.contiguous(memory_format=self.memory_format), self.labels[idx]
 
 
@@ -285,7 +285,7 @@ def loader_batches(
     pin_memory: bool,
     persistent_workers: bool,
     prefetch_factor: int,
-    augment: Affine | None = None,
+    augment: Augmenter | None = None,
 ) -> LoaderBatches:
     """The article's input pipeline: ToTensor + Normalize per PIL image in DataLoader workers
     (per uint8 tensor for an uploaded data set, which has no torchvision loader)."""
@@ -336,7 +336,7 @@ class LoaderBatches:
         device: torch.device,
         channels_last: bool,
         seed: int,
-        augment: Affine | None = None,
+        augment: Augmenter | None = None,
     ) -> None:
         self.loader = loader
         self.generator = generator
@@ -354,7 +354,7 @@ class LoaderBatches:
         for x, y in self.loader:
             x = x.to(self.device, non_blocking=True)
             if self.augment is not None:
-                x = random_affine(x, self.augment, moves)
+                x = self.augment(x, moves)
             yield (
                 x.contiguous(memory_format=self.memory_format),
                 y.to(self.device, non_blocking=True),

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from core.errors import ExportCheckUnavailable, ExportMismatch
 from core.spec import ExportFormat
@@ -54,7 +55,7 @@ class Exports:
 
 
 def export_models(
-    model: Net,
+    model: nn.Module,
     data: Dataset,
     formats: Sequence[ExportFormat],
     progress: Callable[[], None] = lambda: None,
@@ -107,9 +108,10 @@ def _export_each(
     return blobs, report
 
 
-def _portable(model: Net, data: Dataset) -> Normalized:
+def _portable(model: nn.Module, data: Dataset) -> Normalized:
     net = copy.deepcopy(model).float().cpu().to(memory_format=torch.contiguous_format).eval()
-    net.gradient_checkpointing = False
+    if isinstance(net, Net):
+        net.gradient_checkpointing = False
     return Normalized(net, data.mean, data.std).eval()
 
 

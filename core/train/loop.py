@@ -40,6 +40,7 @@ def train(
     callbacks: Callbacks | None = None,
     resume: bytes | None = None,
     history: Sequence[EpochMetrics] = (),
+    start_weights: bytes | None = None,
     download: bool = False,
     flush_steps: int = 64,
     flush_seconds: float = 0.2,
@@ -50,7 +51,8 @@ def train(
 
     `history` holds the epochs the run of a `resume` checkpoint already finished: the result
     speaks of the whole run, and a checkpoint that ended the run (a worker lost during
-    export) is exported and reported without training again.
+    export) is exported and reported without training again. `start_weights` (the weights
+    of the job `spec.init_from` names, Run.weights) start a run that has no checkpoint yet.
 
     Raises the named errors of core.errors: InvalidSpec, DatasetNotFound, TrainingStopped,
     TrainingPreempted, TrainingTimeout, TrainingDiverged, OutOfMemory, ExportMismatch.
@@ -58,7 +60,7 @@ def train(
     cb = callbacks or Callbacks()
     dev = resolve_device(device)
     started = time.perf_counter()
-    run, start_epoch, step = _start(spec, dev, data_dir, cb, resume, download)
+    run, start_epoch, step = _start(spec, dev, data_dir, cb, (resume, start_weights), download)
     limits = _limits(spec, len(run.batches), started, flush_steps, flush_seconds)
     if cb.on_start:
         cb.on_start(_run_info(run, limits, step))
@@ -86,11 +88,12 @@ def _start(
     dev: torch.device,
     data_dir: Path,
     cb: Callbacks,
-    resume: bytes | None,
+    start: tuple[bytes | None, bytes | None],
     download: bool,
 ) -> tuple[Run, int, int]:
-    """The run, built (and restored from `resume`): with the epoch to train next and the
-    last step done."""
+    """The run, built and restored from its checkpoint, or else started from the weights
+    init_from names (`start`: the two): with the epoch to train next and the last step done."""
+    resume, start_weights = start
     amp_dtype = resolve_amp(spec.amp, dev)
     if spec.compile and dev.type == "cpu" and spec.gradient_checkpointing:
         raise InvalidSpec("compile", "compile with gradient_checkpointing is CUDA-only here")
@@ -105,6 +108,8 @@ def _start(
         run = Run(spec, dev, amp_dtype, data, progress)
         progress()
         start_epoch, step = (1, 0) if resume is None else run.load_checkpoint(resume)
+        if resume is None and spec.init_from is not None:
+            run.start_from(start_weights)
         progress()
     return run, start_epoch, step
 
@@ -204,6 +209,7 @@ def _result(
     result.record = run_record(run.spec, run.dev, run.data, result.summary(), run.amp_dtype)
     result.record["formats"] = exports.report
     result.record["export_s"] = round(exports.seconds, 3)
+    result.weights = run.weights()
     return result
 
 

@@ -86,6 +86,7 @@ class TrainResult:
     models: dict[ExportFormat, ExportedModel]  # the spec's formats that passed their check
     record: dict[str, Any]
     stopped_early: str | None = None
+    weights: bytes = b""  # the evaluated model's state_dict (core.train.run.Run.weights)
 
     def summary(self) -> dict[str, Any]:
         return {

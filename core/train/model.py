@@ -96,7 +96,7 @@ class Normalized(nn.Module):
     mean: torch.Tensor
     inv_std: torch.Tensor
 
-    def __init__(self, net: Net, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    def __init__(self, net: nn.Module, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         super().__init__()
         self.net = net
         # One channel: scalars, as always; several: one per channel, (C, 1, 1).

@@ -7,17 +7,18 @@ import io
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from core.errors import InvalidSpec
-from core.spec import DataPath, JobSpec, Optimizer, Scheduler, model_too_large
+from core.model_sizes import model_too_large
+from core.spec import DataPath, JobSpec, Optimizer, Scheduler
+from core.train.archs import build_model, classifier_parameters, freeze_backbone, start_from
 from core.train.augment import augmenter
 from core.train.data import Dataset, ResidentBatches, loader_batches, pixel_affine
 from core.train.ema import Ema
-from core.train.model import Net
 from core.train.progress import EpochProgress
 
 
@@ -50,16 +51,9 @@ class Run:
         too_large = model_too_large(spec, (c, h, w), data.num_classes)
         if too_large:  # the API refuses it; a spec sent straight to the queue meets it here
             raise InvalidSpec("spec", too_large)
-        self.model = Net(
-            in_channels=c,
-            image_size=(h, w),
-            conv1=spec.conv1_channels,
-            conv2=spec.conv2_channels,
-            hidden=spec.hidden,
-            num_classes=data.num_classes,
-            gradient_checkpointing=spec.gradient_checkpointing,
-            conv3=spec.conv3_channels,
-        ).to(dev)
+        self.model = build_model(spec, (c, h, w), data.num_classes).to(dev)
+        if spec.freeze_backbone:
+            freeze_backbone(self.model, spec.model)
         if spec.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.forward: Callable[[torch.Tensor], torch.Tensor] = self.model
@@ -110,9 +104,45 @@ class Run:
             "foreach": not fused,
             "fused": fused,
         }
+        groups = self._parameter_groups()
         if spec.optimizer is Optimizer.sgd:
-            return torch.optim.SGD(self.model.parameters(), momentum=spec.momentum, **common)
-        return torch.optim.AdamW(self.model.parameters(), **common)
+            return torch.optim.SGD(groups, momentum=spec.momentum, **common)
+        return torch.optim.AdamW(groups, **common)
+
+    def _parameter_groups(self) -> list[dict[str, Any]]:
+        """One group of the parameters that learn; with backbone_lr_scale, the backbone's
+        first at lr × scale, then the classifier's at lr (a frozen backbone learns nothing)."""
+        learning = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        if self.spec.backbone_lr_scale == 1:
+            return [{"params": [p for _, p in learning]}]
+        head = classifier_parameters(self.model, self.spec.model)
+        backbone = [p for n, p in learning if n not in head]
+        lr = self.spec.lr * self.spec.backbone_lr_scale
+        classifier = {"params": [p for n, p in learning if n in head]}
+        return [{"params": backbone, "lr": lr}, classifier] if backbone else [classifier]
+
+    def start_from(self, blob: bytes | None) -> list[str]:
+        """Start from another run's trained weights (core.train.archs.start_from): the names
+        kept fresh. InvalidSpec on init_from when they are not of this architecture."""
+        if blob is None:
+            raise InvalidSpec("init_from", f"the weights of job {self.spec.init_from} are missing")
+        weights = torch.load(io.BytesIO(blob), map_location=self.dev, weights_only=True)
+        try:
+            fresh = start_from(self.model, self.spec.model, weights)
+        except ValueError as e:
+            raise InvalidSpec("init_from", f"job {self.spec.init_from}: {e}") from None
+        if self.ema is not None:
+            self.ema.restart()
+        return fresh
+
+    def weights(self) -> bytes:
+        """The evaluated model's weights (a state_dict, fp32, on the CPU): what a later job
+        starts from with init_from. Read back with torch.load(weights_only=True)."""
+        state = {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu()
+                 for k, v in self.eval_model.state_dict().items()}  # fmt: skip
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return buf.getvalue()
 
     def _scheduler(self, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
         spec = self.spec
@@ -122,15 +152,16 @@ class Run:
                 self.optimizer, T_max=total_steps, eta_min=spec.min_lr
             )
         if spec.scheduler is Scheduler.onecycle:
+            max_lr = [g["lr"] for g in self.optimizer.param_groups]
             return torch.optim.lr_scheduler.OneCycleLR(
-                self.optimizer, max_lr=spec.lr, total_steps=total_steps
+                self.optimizer, max_lr=max_lr, total_steps=total_steps
             )
         return torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
 
     @property
-    def eval_model(self) -> Net:
+    def eval_model(self) -> nn.Module:
         """What is evaluated and exported: the weights' moving average, or the weights."""
-        return self.model if self.ema is None else cast(Net, self.ema.module)
+        return self.model if self.ema is None else self.ema.module
 
     def autocast(self) -> AbstractContextManager[Any]:
         if self.amp_dtype is None:

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from core.spec import Augment, JobSpec
-from core.train.augment import AFFINE, Affine, augmenter, random_affine
+from core.train.augment import AFFINE, Affine, augmenter, photo_with, random_affine, random_photo
 from core.train.data import ResidentBatches, load_dataset
+from tests.photos import photo_patches
 
 
 def reference(x: torch.Tensor, a: Affine, seed: int) -> torch.Tensor:
@@ -46,7 +47,12 @@ def test_each_image_moves_on_its_own_and_stays_in_range() -> None:
 
 def test_none_means_the_images_as_they_are() -> None:
     assert augmenter(Augment.none) is None
-    assert augmenter(Augment.shift) == Affine(degrees=0.0, scale=0.0, shift=0.08)
+    x, shift = torch.rand(4, 1, 8, 8), augmenter(Augment.shift)
+    assert shift is not None
+    moved = random_affine(
+        x, Affine(degrees=0.0, scale=0.0, shift=0.08), torch.Generator().manual_seed(1)
+    )
+    assert torch.equal(shift(x, torch.Generator().manual_seed(1)), moved)
 
 
 def test_augmented_batches_depend_only_on_seed_and_epoch(data_dir: Path) -> None:
@@ -79,3 +85,23 @@ def test_the_default_spec_augments_and_averages() -> None:
     spec = JobSpec()
     assert spec.augment is Augment.affine
     assert spec.ema_decay is not None
+
+
+def test_photo_crops_flips_and_jitters_each_image_from_its_seed() -> None:
+    x = torch.from_numpy(photo_patches(16, 4)[0]).float().div(255).sub(0.5)  # real photos
+    a = random_photo(x, torch.Generator().manual_seed(3))
+    b = random_photo(x, torch.Generator().manual_seed(3))
+    assert torch.equal(a, b) and a.shape == x.shape
+    assert not torch.equal(a, random_photo(x, torch.Generator().manual_seed(4)))
+    assert len({tuple(img.flatten().tolist()) for img in a}) == len(x)
+    assert torch.isfinite(a).all()
+
+
+def test_photo_is_never_the_default_and_a_flip_mirrors() -> None:
+    assert JobSpec().augment is not Augment.photo
+    # The crop spans the whole image (area 1, aspect 1) and no jitter: a flip mirrors exactly.
+    x = torch.arange(64, dtype=torch.float32).view(1, 1, 8, 8)
+    draws = torch.tensor([[1.0, 0.5, 0.0, 0.5, 0.5, 0.5, 0.5, 0.5]])
+    assert torch.allclose(photo_with(x, draws), x.flip(-1), atol=1e-4)
+    draws[0, 2] = 0.5  # no flip
+    assert torch.allclose(photo_with(x, draws), x, atol=1e-4)

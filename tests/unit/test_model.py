@@ -6,7 +6,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from core.spec import MAX_PARAMETERS, JobSpec, parameter_count
+from core.model_sizes import MAX_PARAMETERS, parameter_count
+from core.spec import JobSpec
 from core.train.model import Net
 
 

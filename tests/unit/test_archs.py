@@ -1,0 +1,165 @@
+"""The architectures (core.train.archs): built to the images and classes, sized by arithmetic
+as built, bounded by memory, started from another run's weights; each trains, resumes and
+exports in every format."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from core.errors import InvalidSpec
+from core.model_sizes import WORKER_MEMORY_BYTES, model_too_large, parameter_count, step_memory
+from core.spec import Architecture, ExportFormat, JobSpec
+from core.store import spec_hash
+from core.train import train
+from core.train.archs import build_model, classifier_parameters, freeze_backbone, start_from
+from core.train.data import load_dataset
+from core.train.run import Run
+from tests.conftest import Recorder
+from tests.photos import write_photo_set
+
+TORCHVISION = [a for a in Architecture if a is not Architecture.cnn]
+
+
+@pytest.mark.parametrize("arch", list(Architecture))
+@pytest.mark.parametrize("shape", [(1, 8, 8), (3, 32, 32), (3, 96, 96)])
+def test_each_model_fits_its_images_and_classes_and_is_sized_as_built(
+    arch: Architecture, shape: tuple[int, int, int]
+) -> None:
+    spec = JobSpec(model=arch, batch_size=4)
+    net = build_model(spec, shape, 7).eval()
+    assert parameter_count(spec, shape, 7) == sum(p.numel() for p in net.parameters())
+    with torch.inference_mode():
+        assert net(torch.rand(2, *shape)).shape == (2, 7)
+
+
+def test_small_images_keep_their_resolution_through_the_stem() -> None:
+    small = build_model(JobSpec(model="resnet18"), (3, 32, 32), 10)
+    large = build_model(JobSpec(model="resnet18"), (3, 96, 96), 10)
+    assert small.conv1.kernel_size == (3, 3) and small.conv1.stride == (1, 1)
+    assert isinstance(small.maxpool, torch.nn.Identity)
+    assert large.conv1.kernel_size == (7, 7) and large.conv1.stride == (2, 2)
+    for arch in ("mobilenet_v3_small", "efficientnet_b0"):
+        conv = build_model(JobSpec(model=arch), (1, 32, 32), 10).features[0][0]
+        assert conv.stride == (1, 1) and conv.in_channels == 1
+
+
+def test_cnn_only_fields_are_refused_with_another_model() -> None:
+    with pytest.raises(ValidationError, match="conv1_channels, hidden: for model cnn only"):
+        JobSpec(model="resnet18", conv1_channels=16, hidden=64)
+    with pytest.raises(ValidationError, match="gradient_checkpointing: for model cnn only"):
+        JobSpec(model="mobilenet_v3_small", gradient_checkpointing=True)
+    JobSpec(model="cnn", conv1_channels=16, gradient_checkpointing=True)
+
+
+def test_backbone_options_need_a_job_to_start_from() -> None:
+    for extra in ({"freeze_backbone": True}, {"backbone_lr_scale": 0.1}):
+        with pytest.raises(ValidationError, match="need init_from"):
+            JobSpec(**extra)
+    with pytest.raises(ValidationError, match="init_from must be a job id"):
+        JobSpec(init_from="../etc")
+    job = "3F2C1E9A-0D4B-4C8E-9A57-2B1F0C6D7E88"
+    assert JobSpec(init_from=job, freeze_backbone=True).init_from == job.lower()
+
+
+def test_a_step_that_needs_more_memory_than_a_worker_is_refused_with_what_fits() -> None:
+    shape, own = (3, 64, 64), "ds:3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"  # not the built-in size
+    problem = model_too_large(JobSpec(dataset=own, model="resnet34", batch_size=8192), shape, 10)
+    assert problem is not None and "more than a worker holds" in problem
+    fits = int(problem.split("use batch_size ")[1].split()[0])
+    spec = JobSpec(dataset=own, model="resnet34", batch_size=fits)
+    assert (
+        step_memory(spec, shape, 10)
+        <= WORKER_MEMORY_BYTES
+        < step_memory(spec.model_copy(update={"batch_size": fits + 1}), shape, 10)
+    )
+    assert model_too_large(spec, shape, 10) is None
+    with pytest.raises(ValidationError, match="needs about"):  # the built-in sets: 1×28×28
+        JobSpec(model="efficientnet_b0", batch_size=65536)
+
+
+def test_images_outside_a_models_range_are_refused() -> None:
+    problem = model_too_large(JobSpec(model="resnet18"), (3, 4, 4), 10)
+    assert problem is not None and "8 to 512 px" in problem
+    assert model_too_large(JobSpec(), (3, 4, 4), 10) is None  # the cnn takes them
+
+
+def test_fine_tuning_keeps_all_but_a_class_layer_of_other_classes() -> None:
+    spec = JobSpec(model="mobilenet_v3_small")
+    source = build_model(spec, (3, 16, 16), 4).state_dict()
+    model = build_model(spec, (3, 16, 16), 7)
+    fresh = start_from(model, Architecture.mobilenet_v3_small, source)
+    assert fresh == ["classifier.3.weight", "classifier.3.bias"]
+    mine = model.state_dict()
+    assert all(torch.equal(mine[k], v) for k, v in source.items() if k not in fresh)
+    assert mine["classifier.3.weight"].shape == (7, 1024)
+    other = build_model(JobSpec(model="resnet18"), (3, 16, 16), 4).state_dict()
+    with pytest.raises(ValueError, match="not a mobilenet_v3_small"):
+        start_from(model, Architecture.mobilenet_v3_small, other)
+
+
+def test_a_frozen_backbone_leaves_only_the_classifier_learning() -> None:
+    model = build_model(JobSpec(model="resnet18"), (3, 16, 16), 4)
+    freeze_backbone(model, Architecture.resnet18)
+    learning = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert learning == {"fc.weight", "fc.bias"}
+    assert learning == classifier_parameters(model, Architecture.resnet18)
+
+
+def test_the_backbone_learns_at_its_own_rate(tmp_path: Path) -> None:
+    name = write_photo_set(tmp_path, side=8, per_class=4)
+    data = load_dataset(name, tmp_path)
+    job = "3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"
+    spec = JobSpec(dataset=name, model="resnet18", init_from=job, backbone_lr_scale=0.1, lr=0.01)
+    run = Run(spec, torch.device("cpu"), None, data)
+    backbone, head = run.optimizer.param_groups
+    assert backbone["lr"] == pytest.approx(0.001) and head["lr"] == pytest.approx(0.01)
+    assert {id(p) for p in head["params"]} == {id(run.model.fc.weight), id(run.model.fc.bias)}
+
+
+def test_weights_of_another_architecture_are_a_named_error(tmp_path: Path) -> None:
+    name = write_photo_set(tmp_path, side=8, per_class=4)
+    data = load_dataset(name, tmp_path)
+    job = "3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"
+    run = Run(
+        JobSpec(dataset=name, model="resnet18", init_from=job), torch.device("cpu"), None, data
+    )
+    other = Run(JobSpec(dataset=name), torch.device("cpu"), None, data)
+    with pytest.raises(InvalidSpec, match=f"init_from: job {job}: its weights are not a resnet18"):
+        run.start_from(other.weights())
+    weights = torch.load(io.BytesIO(run.weights()), weights_only=True)
+    assert all(t.device.type == "cpu" for t in weights.values())
+
+
+@pytest.mark.slow  # each model: two short runs and three exports checked in fresh processes
+@pytest.mark.parametrize("arch", TORCHVISION)
+def test_each_model_trains_resumes_exports_and_starts_another(
+    arch: Architecture, tmp_path: Path
+) -> None:
+    name = write_photo_set(tmp_path, side=16, per_class=8)
+    spec = JobSpec(
+        dataset=name, model=arch, epochs=2, batch_size=8, max_steps=6, augment="photo", amp="bf16"
+    )
+    rec = Recorder()
+    first = train(spec, data_dir=tmp_path, callbacks=rec.callbacks())
+    assert set(first.models) == set(ExportFormat), first.record["formats"]
+    epoch, blob = rec.checkpoints[0]
+    resumed = train(spec, data_dir=tmp_path, resume=blob, history=first.epochs[:epoch])
+    assert resumed.steps == first.steps and set(resumed.models) == set(ExportFormat)
+    tuned = JobSpec(
+        dataset=write_photo_set(tmp_path, side=16, per_class=4), model=arch, epochs=1,
+        batch_size=8, max_steps=2, init_from="3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88",
+        freeze_backbone=True, export=["torchscript"],
+    )  # fmt: skip
+    assert train(tuned, data_dir=tmp_path, start_weights=first.weights).steps == 2
+
+
+def test_the_job_started_from_is_part_of_the_request_hash() -> None:
+    a, b = "3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88", "0f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"
+    hashes = {spec_hash(JobSpec(init_from=job)) for job in (a, b, None)}
+    assert len(hashes) == 3  # an Idempotency-Key reused with another start is a conflict
+    assert spec_hash(JobSpec(init_from=a.upper())) == spec_hash(JobSpec(init_from=a))
