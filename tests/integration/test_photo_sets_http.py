@@ -171,8 +171,8 @@ def test_the_client_uploads_a_zip_and_a_short_job_trains_on_it(
     )
     assert heard[-1] == (path.stat().st_size, path.stat().st_size)
     assert ds["name"] == "split" and ds["class_counts"] == {"train": [4] * 3, "val": [1] * 3}
-    job = trained(service.client(), {"dataset": ds["dataset"], "epochs": 2, "max_steps": 5,
-                                     "batch_size": 4})  # fmt: skip
+    spec = {"dataset": ds["dataset"], "model": "cnn", "epochs": 2, "max_steps": 5, "batch_size": 4}
+    job = trained(service.client(), spec)
     assert job["result"]["steps"] == 5
 
 
