@@ -15,10 +15,14 @@ from typing import IO
 # Called as the body is read out: (bytes of the file sent so far, the file's size).
 Progress = Callable[[int, int], None]
 SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".npz")
+# The API's own bound (core.datasets.MAX_UPLOAD_BYTES; tests/unit/test_client_uploads.py
+# holds the two together): a larger file is refused here, before 200 MiB are sent for a 413.
+MAX_UPLOAD_BYTES = 200 << 20
 
 
 class NotAnUpload(ValueError):
-    """The path is neither a folder nor a file the API takes: the message says what to give."""
+    """The path is neither a folder nor a file the API takes, or it is larger than the API
+    takes: the message says what to give."""
 
 
 class CountingReader:
@@ -59,6 +63,7 @@ def upload_file(path: Path) -> Iterator[tuple[str, IO[bytes]]]:
         with tempfile.TemporaryFile(prefix="trainq-upload-", suffix=".tar.gz") as tmp:
             with tarfile.open(fileobj=tmp, mode="w:gz", compresslevel=6) as tf:
                 tf.add(path, arcname=path.resolve().name or "photos", filter=_no_dot_files)
+            _check_size(path, tmp.tell())
             tmp.seek(0)
             yield _archive_name(path), tmp
         return
@@ -68,8 +73,18 @@ def upload_file(path: Path) -> Iterator[tuple[str, IO[bytes]]]:
         raise NotAnUpload(
             f"{path}: give a folder of class folders, or a .zip, .tar.gz or .npz file"
         )
+    _check_size(path, path.stat().st_size)
     with path.open("rb") as f:
         yield path.name, f
+
+
+def _check_size(path: Path, size: int) -> None:
+    if size > MAX_UPLOAD_BYTES:
+        what = "archived, it is" if path.is_dir() else "it is"
+        raise NotAnUpload(
+            f"{path}: {what} {size / (1 << 20):,.1f} MiB: the API takes at most "
+            f"{MAX_UPLOAD_BYTES >> 20} MiB an upload (resize the images first, or split the set)"
+        )
 
 
 def _no_dot_files(info: tarfile.TarInfo) -> tarfile.TarInfo | None:

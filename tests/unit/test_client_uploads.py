@@ -13,7 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client.uploads import CountingReader, NotAnUpload, default_name, upload_file
+from client.uploads import (
+    MAX_UPLOAD_BYTES,
+    CountingReader,
+    NotAnUpload,
+    default_name,
+    upload_file,
+)
+from core import datasets
 
 
 def test_a_folder_becomes_a_tar_gz_under_its_own_name(tmp_path: Path) -> None:
@@ -65,3 +72,17 @@ def test_the_body_streams_in_chunks_that_report_progress(tmp_path: Path) -> None
     assert max(chunks) <= 64 << 10 and len(heard) == 16
     assert [s for s, _ in heard] == sorted(s for s, _ in heard)
     assert heard[-1] == (1 << 20, 1 << 20)
+
+
+def test_a_file_larger_than_the_api_takes_is_refused_before_sending(tmp_path: Path) -> None:
+    assert MAX_UPLOAD_BYTES == datasets.MAX_UPLOAD_BYTES
+    path = tmp_path / "big.zip"
+    with path.open("wb") as f:
+        f.truncate(MAX_UPLOAD_BYTES + 1)  # sparse: no disk used
+    too_large = pytest.raises(NotAnUpload, match="the API takes at most 200 MiB an upload")
+    with too_large, upload_file(path):
+        pass
+    with path.open("wb") as f:
+        f.truncate(MAX_UPLOAD_BYTES)
+    with upload_file(path) as (name, _):
+        assert name == "big.zip"
