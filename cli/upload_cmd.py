@@ -12,11 +12,15 @@ from typing import Any
 from tqdm import tqdm
 
 from cli.client_cmd import client
-from cli.problems import INVALID, refused, shown
+from cli.problems import INTERRUPTED, INVALID, refused, shown
 from client.http import ApiError
 from client.uploads import NotAnUpload
 
 SPLITS = ("train", "val", "holdout")
+STOPPED = (
+    "trainq: upload stopped; a set the API had received whole may still be stored "
+    "(`GET /datasets` lists them)"
+)
 
 
 def upload_command(args: argparse.Namespace) -> int:
@@ -45,6 +49,10 @@ def upload_command(args: argparse.Namespace) -> int:
         except ApiError as e:
             bar.close()
             return refused(e, "the upload")
+        except KeyboardInterrupt:
+            bar.close()
+            print(STOPPED, file=sys.stderr)
+            return INTERRUPTED
     print("\n".join(summary(ds)))
     return 0
 
