@@ -86,11 +86,14 @@ def test_drop_a_zip_and_see_its_classes(page: Any, service: Service, artifacts_d
         "() => [...document.querySelectorAll('img.thumb')].every((i) => i.naturalWidth === 24)"
     )
     expect(page.locator("#dataset-notes")).to_contain_text("resized from up to 40x30 to 24x24")
-    assert page.evaluate(OVERFLOWS) == []
+    for width in (1440, 1024):
+        page.set_viewport_size({"width": width, "height": 900})
+        assert page.evaluate(OVERFLOWS) == [], width
     page.screenshot(path=str(artifacts_dir / "dataset-page.png"), full_page=True)
 
     page.click("text=← all data sets")
     expect(page.locator("#datasets tbody tr")).to_have_count(1)
     expect(page.locator("#datasets tbody tr")).to_contain_text("cat, cup")
+    assert page.evaluate(OVERFLOWS) == []
     page.screenshot(path=str(artifacts_dir / "datasets-page.png"), full_page=True)
     assert not page_errors(page), page.problems
