@@ -8,6 +8,7 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,15 +32,29 @@ MODEL_CACHE_SIZE = 8
 ONNX_THREADS = 1
 
 
+DEFAULT_TOP_K = 5
+
+
+class Label(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    label: str = Field(description="The class's name (its folder's, or the set's own).")
+    class_: int = Field(alias="class", description="The class's number.")
+    probability: float
+
+
 class Prediction(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
     class_: int = Field(alias="class", description="The most probable class.")
+    label: str = Field(description="The most probable class's name.")
+    top: list[Label] = Field(description="The k most probable classes, most probable first.")
     probabilities: list[float] = Field(description="Softmax over the classes; sums to 1.")
 
 
 class PredictOut(BaseModel):
     predictions: list[Prediction] = Field(description="One per image, in the order sent.")
+    classes: list[str] = Field(description="The class names, in class-number order.")
     model_format: ExportFormat = Field(description="The format of the model that answered.")
     model_sha256: str = Field(
         description="The model that answered: its ETag at /model?format=<model_format>."
@@ -78,16 +93,35 @@ class ModelCache:
 models = ModelCache(MODEL_CACHE_SIZE)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """How to name what the model returns: its classes' names and how many to list."""
+
+    classes: tuple[str, ...]  # from the job's record; () names the classes by number
+    k: int | None  # the top labels per image; None: DEFAULT_TOP_K or all the classes
+
+    def names(self, num_classes: int) -> list[str]:
+        if len(self.classes) == num_classes:
+            return list(self.classes)
+        return [str(c) for c in range(num_classes)]
+
+
 async def classify(
-    db: Database, job_id: str, fmt: ExportFormat, sha256: str, images: torch.Tensor
+    db: Database,
+    job_id: str,
+    fmt: ExportFormat,
+    sha256: str,
+    images: torch.Tensor,
+    answer: Answer | None = None,
 ) -> PredictOut:
     """The job's model in `fmt` (the one whose artifact has this sha256) applied to
-    `images`."""
+    `images`, its top classes named as `answer` says."""
     model, sha = models.get(sha256), sha256
     if model is None:
         blob, sha = await read(db, _stored_model, job_id, fmt)
         model = await run_in_threadpool(_load, job_id, fmt, blob, sha)
-    return await run_in_threadpool(_run_model, model, job_id, fmt, sha, images)
+    named = answer or Answer(classes=(), k=None)
+    return await run_in_threadpool(_run_model, model, job_id, fmt, sha, images, named)
 
 
 def _stored_model(session: Session, job_id: str, fmt: ExportFormat) -> tuple[bytes, str]:
@@ -117,7 +151,12 @@ def _load(job_id: str, fmt: ExportFormat, blob: bytes, sha256: str) -> Any:
 
 
 def _run_model(
-    model: Any, job_id: str, fmt: ExportFormat, sha256: str, images: torch.Tensor
+    model: Any,
+    job_id: str,
+    fmt: ExportFormat,
+    sha256: str,
+    images: torch.Tensor,
+    answer: Answer,
 ) -> PredictOut:
     import torch
 
@@ -126,14 +165,31 @@ def _run_model(
         if logits.dim() != 2 or logits.shape[0] != images.shape[0]:
             raise ModelDamaged(f"job {job_id}: the model returned {list(logits.shape)}")
         probs = logits.float().softmax(1)
-        classes = probs.argmax(1)
+        k = min(answer.k or DEFAULT_TOP_K, probs.shape[1])
+        top_p, top_c = probs.topk(k, dim=1)  # (N, k), most probable first
+    names = answer.names(probs.shape[1])
     return PredictOut.model_validate(
         {
             "predictions": [
-                {"class": k, "probabilities": p}
-                for k, p in zip(classes.tolist(), probs.tolist(), strict=True)
+                _prediction(cs, ps, p, names)
+                for cs, ps, p in zip(top_c.tolist(), top_p.tolist(), probs.tolist(), strict=True)
             ],
+            "classes": names,
             "model_format": fmt,
             "model_sha256": sha256,
         }
     )
+
+
+def _prediction(
+    top: list[int], top_p: list[float], probs: list[float], names: list[str]
+) -> dict[str, Any]:
+    return {
+        "class": top[0],
+        "label": names[top[0]],
+        "top": [
+            {"label": names[c], "class": c, "probability": p}
+            for c, p in zip(top, top_p, strict=True)
+        ],
+        "probabilities": probs,
+    }

@@ -89,6 +89,7 @@ def photo_set(
         np.ascontiguousarray(x[train]), y[train], np.ascontiguousarray(x[val]), y[val],
         classes, holdout=None if holdout is None else (np.ascontiguousarray(x[holdout]),
                                                        y[holdout]),
+        fit=options.fit,
     )  # fmt: skip
     return dataclasses.replace(
         parsed,

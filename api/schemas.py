@@ -134,6 +134,25 @@ class EpochOut(BaseModel):
     images_per_second: float
 
 
+class ConfusionOut(BaseModel):
+    """One epoch's class figures on the test split (core.train.class_metrics)."""
+
+    epoch: int
+    classes: list[str] = Field(description="The class names, in class-number order.")
+    confusion: list[list[int]] = Field(
+        description="Test images counted by true class (row) and predicted class (column)."
+    )
+    class_counts: list[int] = Field(description="Test images per class: each row's sum.")
+    per_class_accuracy: list[float | None] = Field(
+        description="Each class's share predicted right; null for a class with no test image."
+    )
+    top5_accuracy: float | None = Field(
+        description="Share with the true class among the five most probable; only for sets "
+        "of more than ten classes, else null."
+    )
+    test_accuracy: float
+
+
 class VersionsOut(BaseModel):
     trainq: str = Field(description="The trainq package's version.")
     spec: str = Field(description="Its JobSpec's version (a hash of the spec's schema).")

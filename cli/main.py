@@ -60,6 +60,16 @@ COMMANDS = {
         options.download_options,
         "cli.client_cmd:download_command",
     ),
+    "confusion": Command(
+        "A job's confusion matrix and per-class accuracy, by class name.",
+        options.confusion_options,
+        "cli.classes_cmd:confusion_command",
+    ),
+    "predict": Command(
+        "Classify image files with a job's model: the top labels and their probabilities.",
+        options.predict_options,
+        "cli.classes_cmd:predict_command",
+    ),
     "usage": Command(
         "Show the key's quotas and what it uses of them (an admin key: every key's).",
         options.api_options,

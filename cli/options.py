@@ -132,6 +132,19 @@ def download_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def confusion_options(p: argparse.ArgumentParser) -> None:
+    job_options(p)
+    p.add_argument("--epoch", type=_positive, help="which epoch (default: the last)")
+
+
+def predict_options(p: argparse.ArgumentParser) -> None:
+    job_options(p)
+    p.add_argument("images", metavar="IMAGE", type=Path, nargs="+", help="image files")
+    p.add_argument(
+        "--top", type=_positive, help="how many labels per image (default 5, or every class)"
+    )
+
+
 def train_options(p: argparse.ArgumentParser) -> None:
     add_spec_options(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

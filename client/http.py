@@ -157,6 +157,26 @@ class Client:
     def record(self, job_id: str) -> dict[str, Any]:
         return self._object(self.http.get(f"/jobs/{job_id}/record"))
 
+    def confusion(self, job_id: str, epoch: int | None = None) -> dict[str, Any]:
+        """An epoch's confusion matrix and per-class accuracy, with the class names; the
+        last epoch's without `epoch`."""
+        params = {} if epoch is None else {"epoch": epoch}
+        return self._object(self.http.get(f"/jobs/{job_id}/confusion", params=params))
+
+    def predict(
+        self, job_id: str, images: list[str | Path | bytes], k: int | None = None
+    ) -> dict[str, Any]:
+        """The job's model on image files (paths, or their bytes): per image its `label`
+        and the `k` most probable labels with their probabilities (`top`)."""
+        files = [
+            ("files", (f"image{i}", im if isinstance(im, bytes) else Path(im).read_bytes()))
+            for i, im in enumerate(images)
+        ]
+        params = {} if k is None else {"k": k}
+        return self._object(
+            self.http.post(f"/jobs/{job_id}/predict", files=files, params=params, timeout=120)
+        )
+
     def usage(self) -> dict[str, Any]:
         """The key's limits and what it uses of them (`caller`); for an admin key, every
         owner's too (`owners`)."""

@@ -160,9 +160,11 @@ def canonical(
     y_test: I64,
     classes: tuple[str, ...] | None = None,
     holdout: tuple[U8, I64] | None = None,
+    fit: str | None = None,
 ) -> ParsedDataset:
     """Check the four arrays together (and a holdout split, kept apart) and write the
-    canonical .npz, with the per-channel `mean` and `std` of the train pixels."""
+    canonical .npz, with the per-channel `mean` and `std` of the train pixels and, for a
+    set of photos, the `fit` they were resized by (which predict applies again)."""
     c, h, w = _image_shape(x_train, y_train, x_test, y_test)
     num_classes = _class_count(y_train, y_test)
     _check_learnable(x_train, y_train)
@@ -170,6 +172,8 @@ def canonical(
     extra: dict[str, Any] = {"mean": np.array(mean), "std": np.array(std)}
     if classes is not None:
         extra["classes"] = np.array(classes, dtype=str)
+    if fit is not None:
+        extra["fit"] = np.array(fit, dtype=str)
     counts = {"train": _counts(y_train, num_classes), "val": _counts(y_test, num_classes)}
     if holdout is not None:
         extra.update(x_holdout=_holdout_images(holdout, (c, h, w)), y_holdout=holdout[1])

@@ -150,6 +150,13 @@ class ExportMismatch(TrainqError):
     code = "export_mismatch"
 
 
+class PretrainedWeightsInvalid(TrainqError):
+    """The pretrained weights file is missing or is not the pinned one (its sha256 differs):
+    a replaced file is refused, never loaded. docs/models.md says where the file comes from."""
+
+    code = "pretrained_weights_invalid"
+
+
 class JobSuperseded(TrainqError):
     """This attempt no longer owns the job (it was declared lost and requeued, or ended):
     its writes are refused so that a job delivered twice runs once."""

@@ -139,7 +139,11 @@ def step_entries(points: Iterable[StepMetrics]) -> list[Pending]:
 
 
 def epoch_entry(m: EpochMetrics) -> Pending:
-    return _pending(m.step, EPOCH, asdict(m))
+    """The epoch's scalar figures; its class figures (a matrix that grows with the classes
+    squared) are read from the database (GET /jobs/{id}/confusion)."""
+    fields = asdict(m)
+    fields.pop("class_metrics", None)
+    return _pending(m.step, EPOCH, fields)
 
 
 def status_entry(step: int, payload: dict[str, Any]) -> Pending:

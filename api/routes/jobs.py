@@ -38,7 +38,7 @@ from api.responses import (
     UNAVAILABLE,
     problem,
 )
-from api.schemas import EpochOut, JobOut, JobPage, MetricPage, QuotaProblem
+from api.schemas import ConfusionOut, EpochOut, JobOut, JobPage, MetricPage, QuotaProblem
 from api.services import jobs
 from api.services.jobs import job_out
 from api.services.models import send_model, stored_model
@@ -148,6 +148,24 @@ def get_epochs(job_id: JobId, session: ReaderDep, caller: CallerDep) -> list[Epo
         EpochOut.model_validate(e, from_attributes=True)
         for e in epoch_metrics(session, job_id=job.id)
     ]
+
+
+@router.get(
+    "/{job_id}/confusion",
+    response_model=ConfusionOut,
+    responses=ERRORS,
+    summary="An epoch's confusion matrix and per-class accuracy, with the class names",
+    description="On the test split, counted during the epoch's evaluation; top-5 accuracy "
+    "where there are more than ten classes. Without `epoch`, the last epoch stored; 404 "
+    "when there is no such epoch yet.",
+)
+def get_confusion(
+    job_id: JobId,
+    session: ReaderDep,
+    caller: CallerDep,
+    epoch: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
+) -> ConfusionOut:
+    return jobs.class_figures(session, visible_job(session, caller, job_id), epoch)
 
 
 @router.get(

@@ -11,7 +11,7 @@ from api.body import BODY_SLACK
 from api.deps import CallerDep, DatabaseDep, DecodeBudgetDep
 from api.image_files import MAX_FILES, MAX_MULTIPART_BYTES
 from api.images import MAX_SIDE
-from api.inference import PredictOut, classify
+from api.inference import DEFAULT_TOP_K, Answer, PredictOut, classify
 from api.json_images import JSON_BYTES_PER_VALUE, MAX_IMAGES, MAX_JSON_VALUES, PredictRequest
 from api.reads import read
 from api.responses import problem
@@ -80,8 +80,10 @@ PREDICT_BODY = {
     f"{MAX_IMAGES}, fewer past 3×64×64) or multipart PNG/JPEG `files` (at most {MAX_FILES}, "
     "1 MiB each). "
     "White on black, as MNIST; `invert=true` for dark-on-light images. Returns each "
-    "image's class and probabilities, and the format and sha256 of the model that "
-    "answered: ONNX (on onnxruntime) when the job offers it, else TorchScript, else pt2.",
+    "image's class, its name (`label`), the `k` most probable classes by name with their "
+    "probabilities (`top`) and every class's probability, and the format and sha256 of the "
+    "model that answered: ONNX (on onnxruntime) when the job offers it, else TorchScript, "
+    "else pt2.",
     openapi_extra=PREDICT_BODY,
 )
 async def predict(
@@ -93,10 +95,20 @@ async def predict(
     invert: Annotated[
         bool, Query(description="Dark-on-light images: use 1 - x (the form field works too).")
     ] = False,
+    k: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=1000,
+            description=f"How many of the most probable classes to name per image; default "
+            f"{DEFAULT_TOP_K}, or every class where there are fewer.",
+        ),
+    ] = None,
 ) -> PredictOut:
     # The job first: an unknown job or one without a model is answered before any of the
     # body (up to MAX_BODY_BYTES) is read, and the read's session is closed by then: no
     # database connection is held while a client uploads its images.
     model = await read(db, target, caller, job_id)
     images = await read_images(request, model.shape, invert, budget.for_key(caller.owner))
-    return await classify(db, model.job_id, model.format, model.sha256, images)
+    answer = Answer(classes=model.classes, k=k)
+    return await classify(db, model.job_id, model.format, model.sha256, images, answer)

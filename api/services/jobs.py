@@ -19,14 +19,14 @@ from api.auth import Caller
 from api.cancels import announce_cancel, canceled
 from api.formats import default_format, offered_formats
 from api.reads import read
-from api.schemas import METRIC_FIELDS, JobOut
+from api.schemas import METRIC_FIELDS, ConfusionOut, JobOut
 from api.services.idempotency import answer_again
 from api.services.submitter import Outcome, Submitter
 from core.config import Settings
 from core.db import Database, Job, as_utc
-from core.errors import AlreadyEnded, DatasetGone, InvalidRequest, NoRecord
+from core.errors import AlreadyEnded, DatasetGone, InvalidRequest, NoRecord, NotFound
 from core.spec import ExportFormat, JobSpec, JobStatus
-from core.store import request_cancel, spec_hash, step_rows
+from core.store import epoch_of, request_cancel, spec_hash, step_rows
 from core.stream import STEP, EntryId, aread, latest_step
 from core.sweeps.trials import advance
 
@@ -189,3 +189,23 @@ def record_for(job: Job, caller: Caller) -> dict[str, Any]:
     if caller.admin:
         return job.record
     return {k: v for k, v in job.record.items() if k != "host"}
+
+
+def class_figures(session: Session, job: Job, epoch: int | None) -> ConfusionOut:
+    """An epoch's confusion matrix and per-class figures: `epoch`'s, or the last one's."""
+    row = epoch_of(session, job_id=job.id, epoch=epoch)
+    which = "no epoch yet" if epoch is None else f"no epoch {epoch}"
+    if row is None or not row.class_metrics:
+        if row is not None:
+            which = f"epoch {row.epoch} was stored without class figures"
+        raise NotFound(f"job {job.id}: {which}")
+    figures = row.class_metrics
+    return ConfusionOut(
+        epoch=row.epoch,
+        classes=figures["classes"],
+        confusion=figures["confusion"],
+        class_counts=[sum(r) for r in figures["confusion"]],
+        per_class_accuracy=figures["per_class_accuracy"],
+        top5_accuracy=figures["top5_accuracy"],
+        test_accuracy=row.test_accuracy,
+    )

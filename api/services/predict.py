@@ -33,6 +33,7 @@ class Target:
     shape: tuple[int, int, int]  # C, H, W
     format: ExportFormat
     sha256: str
+    classes: tuple[str, ...]  # the record's class names; () for a job stored before them
 
 
 def target(session: Session, caller: Caller, job_id: uuid.UUID) -> Target:
@@ -45,7 +46,20 @@ def target(session: Session, caller: Caller, job_id: uuid.UUID) -> Target:
     if fmt is None:
         raise NoModel(f"job {job.id} has no stored model")
     shape = _input_shape(job.id, job.record)
-    return Target(job_id=job.id, shape=shape, format=fmt, sha256=stored[fmt])
+    return Target(
+        job_id=job.id,
+        shape=shape,
+        format=fmt,
+        sha256=stored[fmt],
+        classes=_class_names(job.record),
+    )
+
+
+def _class_names(record: dict[str, Any] | None) -> tuple[str, ...]:
+    names = ((record or {}).get("dataset") or {}).get("classes")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return ()
+    return tuple(names)
 
 
 def _input_shape(job_id: str, record: dict[str, Any] | None) -> tuple[int, int, int]:

@@ -527,6 +527,7 @@ function openJob(id, signal) {
   $("#downloads").replaceChildren();
   $("#job-facts").replaceChildren();
   $("#job-trial").hidden = true;
+  resetClassViews();
   drawAll();
   repeat(() => refreshJob(id, signal), JOB_REFRESH_MS, signal);
   const opened = job;
@@ -567,9 +568,10 @@ async function refreshJob(id, signal) {
   renderProgress();
   show($("#job-error"), data.error ? `${data.error.code}: ${data.error.message}` : "");
   renderDownloads(data);
+  showPredict(data.status);
   scheduleDraw(); // an ended job's empty plots say that no data will come
   if (!TERMINAL.has(data.status)) return true;
-  if (!job.recordLoaded) await loadRecord(id, signal);
+  if (!job.recordLoaded) await Promise.all([loadRecord(id, signal), loadConfusion(id, signal)]);
   return false;
 }
 
@@ -664,6 +666,7 @@ function onJobEvent(id, kind, data) {
   } else if (kind === "epoch") {
     job.epochs = job.epochs.filter((e) => e.epoch !== data.epoch);
     job.epochs.push(data);
+    loadConfusion(id, view.signal).catch(() => {});
   } else if (kind === "status") {
     if (data.status === "running" && Number.isInteger(data.resumed_from_step)) {
       // A new attempt restarts after its checkpoint: later points of the lost attempt go.

@@ -178,6 +178,8 @@ class EpochMetric(Base):
     test_accuracy: Mapped[float] = mapped_column(Float)
     duration_s: Mapped[float] = mapped_column(Float)
     images_per_second: Mapped[float] = mapped_column(Float)
+    # core.train.class_metrics: the confusion matrix and per-class figures on the test split
+    class_metrics: Mapped[dict[str, Any] | None]
 
 
 class StepMetric(Base):

@@ -33,6 +33,7 @@ from core.store.jobs import (
 from core.store.results import (
     artifact_sha256s,
     epoch_metrics,
+    epoch_of,
     get_artifact,
     latest_checkpoint,
     preempt_job,
@@ -53,6 +54,7 @@ __all__ = [
     "dataset_thumbnail",
     "end_job",
     "epoch_metrics",
+    "epoch_of",
     "get_artifact",
     "get_dataset",
     "get_job",

@@ -173,6 +173,14 @@ def epoch_metrics(s: Session, *, job_id: str) -> Sequence[EpochMetric]:
     ).all()
 
 
+def epoch_of(s: Session, *, job_id: str, epoch: int | None) -> EpochMetric | None:
+    """A job's epoch `epoch`, or its last epoch when None; None if it has no such epoch."""
+    query = select(EpochMetric).where(EpochMetric.job_id == job_id)
+    if epoch is not None:
+        query = query.where(EpochMetric.epoch == epoch)
+    return s.scalars(query.order_by(EpochMetric.epoch.desc()).limit(1)).first()
+
+
 # Built once: executed on the session's connection, the most polled read (GET
 # /jobs/{id}/metrics, the SSE catch-up) skips the ORM and most of the statement compilation.
 _STEP_ROWS = (

@@ -11,6 +11,7 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -58,6 +59,7 @@ class Dataset:
     sha256: str  # of the uint8 images and labels, train then test
     num_classes: int
     classes: tuple[str, ...]  # a name per class number: folder names, or the set's own
+    fit: str | None = None  # how an upload of photos was resized (core.photos); else None
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -83,19 +85,17 @@ def user_dataset_path(name: str, data_dir: Path) -> Path:
 
 def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Dataset:
     root = dataset_root(name, data_dir)
-    num_classes: int | None = None
-    names: tuple[str, ...] = ()
-    stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    stored = _Stored()
     if user_dataset_id(name) is not None:
-        train, test, num_classes, names, stats = _load_npz(name, user_dataset_path(name, data_dir))
+        train, test, stored = _load_npz(name, user_dataset_path(name, data_dir))
     else:
         _prepare(name, root, download=download)
         train_set = _torchvision_set(name, root, train=True, download=False)
         test_set = _torchvision_set(name, root, train=False, download=False)
         train, test = _split(train_set), _split(test_set)
-        names = BUILT_IN_CLASSES[name]
-    n = num_classes or int(max(train.labels.max(), test.labels.max())) + 1
-    mean, std = stats or _channel_stats(train.images)
+        stored = _Stored(names=BUILT_IN_CLASSES[name])
+    n = stored.num_classes or int(max(train.labels.max(), test.labels.max())) + 1
+    mean, std = stored.stats or _channel_stats(train.images)
     digest = hashlib.sha256()
     for t in (train.images, train.labels, test.images, test.labels):
         digest.update(t.contiguous().numpy().tobytes())
@@ -108,7 +108,8 @@ def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Datase
         std=tuple(max(MIN_STD, v) for v in std),  # a NaN std (one pixel) gives MIN_STD too
         sha256=digest.hexdigest(),
         num_classes=n,
-        classes=class_names(names, n),
+        classes=class_names(stored.names, n),
+        fit=stored.fit,
     )
 
 
@@ -141,19 +142,29 @@ def _prepare(name: str, root: Path, *, download: bool) -> None:
 _Stats = tuple[tuple[float, ...], tuple[float, ...]]
 
 
-def _load_npz(
-    name: str, path: Path
-) -> tuple[Split, Split, int | None, tuple[str, ...], _Stats | None]:
+class _Stored(NamedTuple):
+    """What a canonical .npz says of its set besides the pixels and labels."""
+
+    num_classes: int | None = None
+    names: tuple[str, ...] = ()
+    stats: _Stats | None = None
+    fit: str | None = None
+
+
+def _load_npz(name: str, path: Path) -> tuple[Split, Split, _Stored]:
     """A canonical .npz (core.datasets): uint8 images (N, C, H, W), int64 labels,
     `num_classes`, for a set of named classes `classes`, and the per-channel `mean` and
-    `std` of its train pixels (older files have none: they are computed). Loaded without
-    pickle; a holdout split (`x_holdout`) is not read."""
+    `std` of its train pixels (older files have none: they are computed), and a photo set's
+    `fit`. Loaded without pickle; a holdout split (`x_holdout`) is not read."""
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in ("x_train", "y_train", "x_test", "y_test")}
-            num_classes = int(npz["num_classes"]) if "num_classes" in npz.files else None
-            names = tuple(str(c) for c in npz["classes"]) if "classes" in npz.files else ()
-            stats = _stored_stats(npz, arrays["x_train"])
+            stored = _Stored(
+                num_classes=int(npz["num_classes"]) if "num_classes" in npz.files else None,
+                names=tuple(str(c) for c in npz["classes"]) if "classes" in npz.files else (),
+                stats=_stored_stats(npz, arrays["x_train"]),
+                fit=str(npz["fit"]) if "fit" in npz.files else None,
+            )
     except FileNotFoundError as e:
         raise DatasetNotFound(f"data set {name!r}: its file {path} is missing") from e
     except (OSError, ValueError, KeyError) as e:
@@ -168,7 +179,7 @@ def _load_npz(
                 labels=torch.from_numpy(y.astype(np.int64)),
             )
         )
-    return splits[0], splits[1], num_classes, names, stats
+    return splits[0], splits[1], stored
 
 
 def _stored_stats(npz: np.lib.npyio.NpzFile, x: np.ndarray) -> _Stats | None:

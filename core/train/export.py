@@ -35,6 +35,7 @@ from core.train.data import Dataset
 from core.train.device import is_out_of_memory
 from core.train.metrics import ExportedModel
 from core.train.model import Net, Normalized
+from core.train.model_card import model_metadata
 
 VERIFIER = Path(__file__).with_name("verify_export.py")
 VERIFY_TIMEOUT_S = 120.0  # Settings.export_check_timeout_s; progress is reported while it runs
@@ -62,16 +63,18 @@ def export_models(
     check_images: int = 256,
     check_timeout_s: float = VERIFY_TIMEOUT_S,
 ) -> Exports:
-    """`formats` of the trained `model`, each checked on real held-out images."""
+    """`formats` of the trained `model`, each checked on real held-out images, and each
+    carrying the class names and preprocessing (core.train.model_card) in its metadata."""
     started = time.perf_counter()
     wrapped = _portable(model, data)
     x = data.test.images[:check_images].float().div(255)  # real held-out images
+    meta = model_metadata(data)
     with torch.inference_mode():
         expected = wrapped(x)
     with fresh_checker(formats) as checker:
-        blobs, report = _export_each(wrapped, x, formats, progress)
+        blobs, report = _export_each(wrapped, x, formats, meta, progress)
         checked = check_in_fresh_process(
-            checker, blobs, x, expected, timeout_s=check_timeout_s, progress=progress
+            checker, blobs, x, expected, meta, timeout_s=check_timeout_s, progress=progress
         )
     progress()
     models = _offered(blobs, checked, tolerance(expected), report)
@@ -83,6 +86,7 @@ def _export_each(
     wrapped: Normalized,
     x: torch.Tensor,
     formats: Sequence[ExportFormat],
+    meta: dict[str, str],
     progress: Callable[[], None],
 ) -> tuple[dict[ExportFormat, bytes], dict[str, dict[str, Any]]]:
     """Each format's bytes, and the report of each: its export time or why it failed."""
@@ -93,11 +97,12 @@ def _export_each(
         t0 = time.perf_counter()
         try:
             if fmt is ExportFormat.torchscript:
-                blobs[fmt] = _torchscript(wrapped, x)
+                blobs[fmt] = _torchscript(wrapped, x, meta)
             else:
                 if exported is None:
                     exported = _exported_program(wrapped, x)
-                blobs[fmt] = _pt2(exported) if fmt is ExportFormat.pt2 else _onnx(exported, x)
+                pt2 = fmt is ExportFormat.pt2
+                blobs[fmt] = _pt2(exported, meta) if pt2 else _onnx(exported, x, meta)
         except Exception as e:
             if is_out_of_memory(e):
                 raise
@@ -120,26 +125,30 @@ def _exported_program(wrapped: Normalized, x: torch.Tensor) -> torch.export.Expo
     return torch.export.export(wrapped, (x,), dynamic_shapes=({0: batch},))
 
 
-def _torchscript(wrapped: Normalized, x: torch.Tensor) -> bytes:
+def _torchscript(wrapped: Normalized, x: torch.Tensor, meta: dict[str, str]) -> bytes:
     with _torchscript_quiet():
         traced = torch.jit.trace(wrapped, x[:8], check_trace=False)
         buf = io.BytesIO()
-        torch.jit.save(traced, buf)
+        torch.jit.save(traced, buf, _extra_files=meta)
     return buf.getvalue()
 
 
-def _pt2(exported: torch.export.ExportedProgram) -> bytes:
+def _pt2(exported: torch.export.ExportedProgram, meta: dict[str, str]) -> bytes:
     buf = io.BytesIO()
-    torch.export.save(exported, buf)
+    torch.export.save(exported, buf, extra_files=meta)
     return buf.getvalue()
 
 
-def _onnx(exported: torch.export.ExportedProgram, x: torch.Tensor) -> bytes:
+def _onnx(exported: torch.export.ExportedProgram, x: torch.Tensor, meta: dict[str, str]) -> bytes:
     # From the ExportedProgram already made (its dynamic batch included): a third of the
     # time of exporting the module again. The opset is the exporter's default.
     program = torch.onnx.export(exported, (x,), dynamo=True, verbose=False)
     assert program is not None  # dynamo=True always returns the program
-    blob: bytes = program.model_proto.SerializeToString()
+    proto = program.model_proto
+    for key, value in meta.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    blob: bytes = proto.SerializeToString()
     return blob
 
 
@@ -168,16 +177,18 @@ def check_in_fresh_process(
     blobs: dict[ExportFormat, bytes],
     x: torch.Tensor,
     expected: torch.Tensor,
+    meta: dict[str, str] | None = None,
     *,
     timeout_s: float = VERIFY_TIMEOUT_S,
     progress: Callable[[], None] = lambda: None,
 ) -> dict[str, dict[str, Any]]:
-    """Each blob loaded and run by `checker` on `x`. Per format: max_abs_diff, or error.
+    """Each blob loaded and run by `checker` on `x`, and its metadata read back and compared
+    with `meta`. Per format: max_abs_diff, or error.
     Everything goes over the pipe: no temporary file. While it waits, `progress` is called
     every few seconds (the worker's heartbeat sees a live attempt). A checker that cannot
     answer (killed, out of time, unreadable output) is ExportCheckUnavailable: not the
     model's fault, and the job is retried rather than failed as a mismatch."""
-    data = verify_export.encode(x, expected, {f.value: b for f, b in blobs.items()})
+    data = verify_export.encode(x, expected, {f.value: b for f, b in blobs.items()}, meta)
     answer: list[tuple[bytes, bytes]] = []
     # communicate() in a thread: one call with a timeout and a retry would drop the input
     # not yet written (CPython sends input only on the first call).

@@ -152,7 +152,7 @@ def _train_epochs(
         t0 = time.perf_counter()
         stats = train_epoch(run, epoch, trained.last_step, cb, limits)
         trained = trained.then(stats)
-        test_loss, test_acc = run.evaluate()
+        test_loss, test_acc, by_class = run.evaluate()
         if not math.isfinite(test_loss):
             # The train losses stayed finite, but the evaluated weights (their moving
             # average, or the last step's) overflowed: stop before NaN reaches the metrics.
@@ -169,6 +169,7 @@ def _train_epochs(
             test_accuracy=test_acc,
             duration_s=time.perf_counter() - t0 + stats.earlier_s,
             images_per_second=stats.images / max(stats.step_seconds, 1e-9),
+            class_metrics=by_class,
         )
         done.append(metrics)
         if cb.on_epoch:

@@ -36,6 +36,9 @@ class EpochMetrics:
     test_accuracy: float
     duration_s: float  # training steps and evaluation
     images_per_second: float  # training steps only
+    # On the test split: classes, confusion (rows true, columns predicted),
+    # per_class_accuracy, top5_accuracy (core.train.class_metrics); None in older rows.
+    class_metrics: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

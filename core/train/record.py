@@ -14,6 +14,7 @@ import torchvision
 from core.spec import JobSpec
 from core.train.data import Dataset
 from core.train.device import amp_name, device_name
+from core.train.model_card import preprocessing
 
 
 def run_record(
@@ -47,7 +48,9 @@ def run_record(
             "image_shape": list(data.image_shape),
             "mean": data.mean,
             "std": data.std,
+            "classes": list(data.classes),
         },
+        "preprocessing": preprocessing(data),
         "model_input": "float32 (N, C, H, W) in [0, 1]; normalisation is inside the model",
         "result": result,
     }

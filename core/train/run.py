@@ -17,6 +17,7 @@ from core.model_sizes import model_too_large
 from core.spec import DataPath, JobSpec, Optimizer, Scheduler
 from core.train.archs import build_model, classifier_parameters, freeze_backbone, start_from
 from core.train.augment import augmenter
+from core.train.class_metrics import ConfusionCounter
 from core.train.data import Dataset, ResidentBatches, loader_batches, pixel_affine
 from core.train.ema import Ema
 from core.train.progress import EpochProgress
@@ -212,7 +213,8 @@ class Run:
         self.scheduler.step()
 
     @torch.inference_mode()
-    def evaluate(self, batch_size: int = 2048) -> tuple[float, float]:
+    def evaluate(self, batch_size: int = 2048) -> tuple[float, float, dict[str, Any]]:
+        """Loss, accuracy and the class figures (core.train.class_metrics) on the test split."""
         model = self.eval_model
         model.eval()
         test = self.data.test
@@ -222,16 +224,19 @@ class Run:
         labels = test.labels.to(self.dev)
         loss_sum = torch.zeros((), device=self.dev)
         correct = torch.zeros((), dtype=torch.long, device=self.dev)
+        confusion = ConfusionCounter(self.data.num_classes, self.dev)
         for i in range(0, len(labels), batch_size):
             x = images[i : i + batch_size].float().sub_(shift).div_(spread)
             y = labels[i : i + batch_size]
             with self.autocast():
                 logits = model(x.contiguous(memory_format=fmt))
             loss_sum += nn.functional.cross_entropy(logits.float(), y, reduction="sum")
-            correct += (logits.argmax(1) == y).sum()
+            predicted = logits.argmax(1)
+            correct += (predicted == y).sum()
+            confusion.add(logits, y, predicted)
             self.progress()
         n = len(labels)
-        return loss_sum.item() / n, correct.item() / n
+        return loss_sum.item() / n, correct.item() / n, confusion.result(self.data.classes)
 
     def checkpoint(self, epoch: int, step: int, within: dict[str, Any] | None = None) -> bytes:
         """Everything a resume needs; the data order is derived from (seed, epoch). At the

@@ -5,10 +5,11 @@ model's formats in a fresh process.
 trainq is importable) imports torch, and what loading those formats takes (onnxruntime for
 onnx), and nothing else: none of the trainer, the API or the database. What it checks
 comes on stdin (no file anywhere: nothing to leave behind, no disk to fill): one line of
-JSON, {"shape": [N, C, H, W], "classes": K, "formats": {format: bytes, ...}}, then the images
-(N·C·H·W float32), the trained model's logits on them (N·K float32) and each format's
-bytes, in that order. It prints one JSON object: per format, the largest absolute
-difference of its logits from the expected ones, or why it failed.
+JSON, {"shape": [N, C, H, W], "classes": K, "formats": {format: bytes, ...}, "metadata":
+{key: text}}, then the images (N·C·H·W float32), the trained model's logits on them (N·K
+float32) and each format's bytes, in that order. It prints one JSON object: per format, the
+largest absolute difference of its logits from the expected ones, or why it failed (its
+metadata, read back as a user would, must hold the expected entries).
 See docs/api.md ("Model formats")."""
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import IO, Any, cast
 import torch
 
 FORMATS = ("torchscript", "pt2", "onnx")  # core.spec.ExportFormat, which this cannot import
+# What each format's metadata holds (core.train.model_card): JSON texts.
+METADATA_KEYS = ("classes", "preprocessing")
 Model = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -50,6 +53,30 @@ def load_torchscript(blob: bytes, device: str = "cpu") -> torch.jit.ScriptModule
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.jit")
         module: torch.jit.ScriptModule = torch.jit.load(io.BytesIO(blob), map_location=device)
         return module.eval()
+
+
+def read_metadata(fmt: str, blob: bytes) -> dict[str, str]:
+    """The METADATA_KEYS entries a model file carries, read with each format's own loader
+    (TorchScript `_extra_files`, torch.export `extra_files`, ONNX `metadata_props`); a
+    missing entry is left out."""
+    if fmt == "onnx":
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+        found = session.get_modelmeta().custom_metadata_map
+    else:
+        found = dict.fromkeys(METADATA_KEYS, "")
+        if fmt == "torchscript":
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.jit")
+                torch.jit.load(io.BytesIO(blob), map_location="cpu", _extra_files=found)
+        else:
+            torch.export.load(io.BytesIO(blob), extra_files=found)
+    return {k: _text(found[k]) for k in METADATA_KEYS if found.get(k)}
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class OnnxModel:
@@ -85,12 +112,18 @@ def check(model: Model, x: torch.Tensor, expected: torch.Tensor) -> float:
     return worst
 
 
-def encode(x: torch.Tensor, expected: torch.Tensor, blobs: dict[str, bytes]) -> bytes:
+def encode(
+    x: torch.Tensor,
+    expected: torch.Tensor,
+    blobs: dict[str, bytes],
+    metadata: dict[str, str] | None = None,
+) -> bytes:
     """What the checking process reads on stdin (see the module's docstring)."""
     header = {
         "shape": list(x.shape),
         "classes": expected.shape[1],
         "formats": {fmt: len(blob) for fmt, blob in blobs.items()},
+        "metadata": metadata or {},
     }
     return b"".join(
         [
@@ -102,7 +135,9 @@ def encode(x: torch.Tensor, expected: torch.Tensor, blobs: dict[str, bytes]) -> 
     )
 
 
-def decode(stream: IO[bytes]) -> tuple[torch.Tensor, torch.Tensor, dict[str, bytes]]:
+def decode(
+    stream: IO[bytes],
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, bytes], dict[str, str]]:
     header = json.loads(stream.readline())
     shape = [int(n) for n in header["shape"]]
     classes = int(header["classes"])
@@ -119,21 +154,35 @@ def decode(stream: IO[bytes]) -> tuple[torch.Tensor, torch.Tensor, dict[str, byt
     x = floats(math.prod(shape), shape)
     expected = floats(shape[0] * classes, [shape[0], classes])
     blobs = {str(fmt): read(int(size)) for fmt, size in header["formats"].items()}
-    return x, expected, blobs
+    metadata = {str(k): str(v) for k, v in header.get("metadata", {}).items()}
+    return x, expected, blobs, metadata
 
 
 def check_all(
-    x: torch.Tensor, expected: torch.Tensor, blobs: dict[str, bytes]
+    x: torch.Tensor,
+    expected: torch.Tensor,
+    blobs: dict[str, bytes],
+    metadata: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     report: dict[str, dict[str, Any]] = {}
     for fmt in FORMATS:
         if fmt not in blobs:
             continue
         try:
+            check_metadata(read_metadata(fmt, blobs[fmt]), metadata or {})
             report[fmt] = {"max_abs_diff": check(load_model(fmt, blobs[fmt]), x, expected)}
         except Exception as e:  # any way a format fails is reported, not raised
             report[fmt] = {"error": f"{type(e).__name__}: {e}"[:500]}
     return report
+
+
+def check_metadata(found: dict[str, str], expected: dict[str, str]) -> None:
+    """ValueError unless the model carries each expected entry, unchanged."""
+    for key, value in expected.items():
+        if key not in found:
+            raise ValueError(f"its metadata has no {key!r}")
+        if found[key] != value:
+            raise ValueError(f"its metadata's {key!r} is not the one exported")
 
 
 def die_with(parent: int) -> None:

@@ -86,7 +86,7 @@ def test_unknown_job_is_404_and_bad_ids_are_422(service: Service) -> None:
 
 
 def test_another_owners_job_is_404_but_admins_see_it(service: Service, alice_job: str) -> None:
-    for path in ("", "/metrics", "/epochs", "/model", "/record"):
+    for path in ("", "/metrics", "/epochs", "/confusion", "/model", "/record"):
         r = httpx.get(f"{service.url}/jobs/{alice_job}{path}", headers=auth(service.keys[1]))
         assert r.status_code == 404, path
     r = httpx.post(f"{service.url}/jobs/{alice_job}/cancel", headers=auth(service.keys[1]))
