@@ -170,6 +170,8 @@ def open_photo(data: bytes) -> Image.Image:
         img = Image.open(io.BytesIO(pixels), formats=photos.FORMATS)
     except Image.DecompressionBombError as e:
         raise ImageRejected(f"has too many pixels ({e})") from e
+    except Image.UnidentifiedImageError as e:  # its text names an object, not the file
+        raise ImageRejected("is not a PNG or JPEG (nor WebP, BMP, TIFF, GIF) image") from e
     except Exception as e:
         raise ImageRejected(f"is not a PNG or JPEG (nor WebP, BMP, TIFF, GIF) image ({e})") from e
     w, h = img.size
