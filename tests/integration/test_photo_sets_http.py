@@ -7,6 +7,9 @@ classes, counts, statistics and notes; thumbnails and tenancy; bad images refuse
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import tarfile
 import zipfile
 from collections.abc import Callable, Iterator
@@ -22,7 +25,7 @@ from skimage import data as photos_data
 from cli.main import main
 from client.http import ApiError
 from tests.cli_runs import Ran, run_trainq
-from tests.service import Service, trained
+from tests.service import REPO, Service, trained
 
 PER_CLASS = 5  # images of each class: 4 train and 1 val where the folders give the split
 FORMATS = (("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp"))
@@ -226,3 +229,39 @@ def test_a_path_that_is_no_upload_is_refused_before_sending(trainq: Trainq, tmp_
                       (tmp_path / "notes.txt", "give a folder of class folders")):  # fmt: skip
         ran = trainq("data", "upload", str(path))
         assert ran.returncode == 2 and why in ran.stderr
+
+
+# `trainq data upload FOLDER` in a process of its own, saying its peak RSS when it ends.
+# (VmHWM, not getrusage's ru_maxrss: that one keeps the forking parent's peak across exec.)
+PEAK_RSS = """
+import sys
+from cli.main import main
+code = main(sys.argv[1:])
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]
+print("peak", int(hwm) >> 10, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def upload_peak_mib(service: Service, folder: Path) -> tuple[int, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINQ_")}
+    env.update(TRAINQ_API_URL=service.url, TRAINQ_API_KEY=service.keys[0])
+    argv = [sys.executable, "-c", PEAK_RSS, "data", "upload", str(folder)]
+    ran = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 2, ran.stderr  # refused: none of them is an image
+    return int(ran.stderr.rsplit("peak ", 1)[1].split()[0]), ran.stderr
+
+
+def test_a_folder_is_archived_and_sent_without_holding_it_in_memory(
+    service: Service, tmp_path: Path
+) -> None:
+    """40 MB of files that do not compress cost the command no more memory than 2 KB do."""
+    sizes = {"tiny": 1000, "large": 10_000_000}
+    peaks = {}
+    for name, size in sizes.items():
+        for k in range(4):
+            (tmp_path / name / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / f"c{k % 2}" / f"{k}.png").write_bytes(os.urandom(size))
+        peaks[name], stderr = upload_peak_mib(service, tmp_path / name)
+        assert f"'{name}/c0/0.png' is not a PNG" in stderr
+    assert peaks["large"] - peaks["tiny"] < 16, peaks
