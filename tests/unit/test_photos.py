@@ -215,8 +215,11 @@ def test_bad_images_are_named_or_skipped(photos: dict[str, Image.Image]) -> None
     with pytest.raises(InvalidDataset, match=re.escape("'cup/notes.txt'")):
         parse_upload(zip_bytes(members))
     del members["cup/notes.txt"]
-    with pytest.raises(InvalidDataset, match=r"1 files are not usable images: 'cat/broken.jpg'"):
+    with pytest.raises(
+        InvalidDataset, match=r"1 files are not usable images: 'cat/broken.jpg'"
+    ) as e:
         parse_upload(zip_bytes(members))
+    assert "BytesIO" not in e.value.message  # Pillow's text names its buffer: not shown
     members["cup/notes.txt"] = b"hello"
     parsed = parse_upload(zip_bytes(members), options=PhotoOptions(skip_bad=True))
     assert parsed.train_count + parsed.test_count == 10
@@ -248,3 +251,27 @@ def test_a_tar_gz_bomb_is_refused_before_it_is_expanded() -> None:
     assert len(blob) < 1 << 20 and gzip.decompress(blob)[:5] == b"a/0.p"
     with pytest.raises(DatasetTooLarge, match=r"expands \d+ times: at most 100"):
         parse_upload(blob)
+
+
+def test_a_class_without_train_images_or_an_empty_val_is_named(
+    photos: dict[str, Image.Image],
+) -> None:
+    small = {k: [encoded(varied(p, i).resize((16, 16)), "PNG") for i in range(4)]
+             for k, p in photos.items()}  # fmt: skip
+    members = {f"train/cat/{i}.png": b for i, b in enumerate(small["cat"][:3])}
+    members |= {"val/cat/3.png": small["cat"][3], "val/cup/0.png": small["cup"][0]}
+    with pytest.raises(InvalidDataset, match="class 'cup' has no train images"):
+        parse_upload(zip_bytes(members))
+    members = {f"train/{k}/{i}.png": b for k, blobs in small.items() for i, b in enumerate(blobs)}
+    members["val/.keep"] = b""  # a val/ folder with no images in it
+    members["val/cup/x.txt"] = b"notes"
+    with pytest.raises(InvalidDataset, match="the val split is empty"):
+        parse_upload(zip_bytes(members), options=PhotoOptions(skip_bad=True))
+
+
+@pytest.mark.parametrize("n", [1, 1001])
+def test_a_set_holds_2_to_1000_classes(n: int) -> None:
+    """Counted from the folders, before any image is read."""
+    members = {f"c{k}/0.png": b"not read" for k in range(n)}
+    with pytest.raises(InvalidDataset, match=f"{n} classes: a data set needs 2 to 1000"):
+        parse_upload(zip_bytes(members))
