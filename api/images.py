@@ -201,12 +201,14 @@ def decode_image(
     shape: tuple[int, int, int],
     invert: bool,
     budget: KeyBudget | None = None,
+    fit: str | None = None,
 ) -> bytes:
     """A PNG or JPEG as the model's input: `H*W*C` bytes (C = 1: "L", 3: "RGB"), H, W, C
     order, white on black (`invert` takes dark-on-light images). The size is checked from
     the header, before any pixel is decoded; a JPEG is decoded at a reduced scale, and any
     image is reduced strip by strip as soon as it is decoded, its share of `budget` held
-    meanwhile."""
+    meanwhile. `fit` "pad" or "crop" (a photo set's, square): made as the set's images
+    were (core.photos.fit_image); else stretched to H×W."""
     c, h, w = shape
     try:
         # Image.open reads the header only. No warnings.catch_warnings here: it is not
@@ -231,12 +233,7 @@ def decode_image(
                 nullcontext() if budget is None else budget.reserve(decode_cost(img, (w, h)))
             )
             with held:
-                small, box = reduced(img, (w, h))
-                out = to_channels(small, c, light_background=invert)
-            if out.size != (w, h) or box != (0, 0, *out.size):
-                out = out.resize((w, h), Image.Resampling.BILINEAR, box, reducing_gap=3.0)
-            if invert:
-                out = ImageOps.invert(out)
+                out = _model_input(img, (c, h, w), invert, fit)
             return out.tobytes()
     except (ImageRejected, DecodeBusy):
         raise
@@ -246,6 +243,27 @@ def decode_image(
         raise ImageRejected(f"too many pixels ({e})") from e
     except Exception as e:  # Pillow raises many kinds on a corrupt file; none is a 500
         raise ImageRejected(f"could not be decoded ({type(e).__name__}: {e})") from e
+
+
+def _model_input(
+    img: Image.Image, shape: tuple[int, int, int], invert: bool, fit: str | None
+) -> Image.Image:
+    """The decoded image at the model's C, H, W, white on black (`invert`: from dark on
+    light): by the set's `fit` where it has a pad or crop one (the set's images are square),
+    inverted before it is padded, so that the bands are black as the set's were; else
+    reduced and stretched."""
+    c, h, w = shape
+    if fit in ("pad", "crop") and h == w:
+        from core.photos import fit_image
+
+        img = to_channels(img, c, light_background=invert)
+        pixels = fit_image(ImageOps.invert(img) if invert else img, h, fit, c)  # (H, W, C)
+        return Image.fromarray(pixels[:, :, 0] if c == 1 else pixels)
+    small, box = reduced(img, (w, h))
+    out = to_channels(small, c, light_background=invert)
+    if out.size != (w, h) or box != (0, 0, *out.size):
+        out = out.resize((w, h), Image.Resampling.BILINEAR, box, reducing_gap=3.0)
+    return ImageOps.invert(out) if invert else out
 
 
 def open_image(data: bytes) -> Image.Image:
