@@ -26,14 +26,19 @@ _BOOL = TypeAdapter(bool)
 
 
 async def read_file_images(
-    request: Request, shape: tuple[int, int, int], invert: bool, budget: KeyBudget
+    request: Request,
+    shape: tuple[int, int, int],
+    invert: bool,
+    budget: KeyBudget,
+    fit: str | None = None,
 ) -> torch.Tensor:
     """The request's files as an (N, C, H, W) tensor; `invert` or the form's own `invert`
-    takes dark-on-light images. Decoding runs in the threadpool, never on the event loop."""
+    takes dark-on-light images; `fit`: the model's set's (api.images.decode_image). Decoding
+    runs in the threadpool, never on the event loop."""
     files, form_invert = await _read_files(request)
     try:
         return await run_in_threadpool(
-            _images_from_files, files, shape, invert or form_invert, budget
+            _images_from_files, files, shape, invert or form_invert, budget, fit
         )
     finally:
         for f in files:
@@ -108,7 +113,11 @@ def _form_fields(form: FormData) -> tuple[list[UploadFile], bool, list[dict[str,
 
 
 def _images_from_files(
-    files: list[UploadFile], shape: tuple[int, int, int], invert: bool, budget: KeyBudget
+    files: list[UploadFile],
+    shape: tuple[int, int, int],
+    invert: bool,
+    budget: KeyBudget,
+    fit: str | None = None,
 ) -> torch.Tensor:
     import torch
 
@@ -125,7 +134,7 @@ def _images_from_files(
             f, MAX_FILE_BYTES, f"file {name!r} (files[{i}])", f"{MAX_FILE_BYTES} (1 MiB) per file"
         )
         try:
-            decoded.append(decode_image(f.file, (c, h, w), invert, budget))
+            decoded.append(decode_image(f.file, (c, h, w), invert, budget, fit))
         except ImageRejected as e:
             errors.append(problem("invalid_image", ("body", "files", i), f"{name!r}: {e}"))
     if errors:

@@ -15,6 +15,8 @@ from typing import IO
 
 from PIL import Image, ImageOps, JpegImagePlugin
 
+from core.photos import wide_gray_to_8bit
+
 MAX_SIDE = 4096  # pixels, either side of an image sent for prediction, checked before decoding
 # One image's pixels as Pillow holds them once decoded (4 bytes a pixel for RGB and RGBA),
 # checked from the header: a 4096×4096 RGBA image is the most one decode may hold.
@@ -184,15 +186,13 @@ def to_channels(img: Image.Image, channels: int, light_background: bool = False)
     Transparent pixels take the background's colour (black, or white for dark-on-light
     images); 16-bit grayscale is scaled to 8 bits, not clipped."""
     mode = "L" if channels == 1 else "RGB"
+    img = wide_gray_to_8bit(img)  # convert("L") would clip everything above 255 to white
     if img.mode in _ALPHA_MODES or "transparency" in img.info:
         rgba = img.convert("RGBA")
         colour = (255, 255, 255, 255) if light_background else (0, 0, 0, 255)
         background = Image.new("RGBA", rgba.size, colour)
         background.alpha_composite(rgba)
         return background.convert(mode)
-    if img.mode.startswith("I;16") or img.mode == "I":
-        # convert("L") would clip everything above 255 to white.
-        img = img.convert("I").point(lambda v: v / 257)
     return img.convert(mode)
 
 
@@ -201,12 +201,14 @@ def decode_image(
     shape: tuple[int, int, int],
     invert: bool,
     budget: KeyBudget | None = None,
+    fit: str | None = None,
 ) -> bytes:
     """A PNG or JPEG as the model's input: `H*W*C` bytes (C = 1: "L", 3: "RGB"), H, W, C
     order, white on black (`invert` takes dark-on-light images). The size is checked from
     the header, before any pixel is decoded; a JPEG is decoded at a reduced scale, and any
     image is reduced strip by strip as soon as it is decoded, its share of `budget` held
-    meanwhile."""
+    meanwhile. `fit` "pad" or "crop" (a photo set's, square): made as the set's images
+    were (core.photos.fit_image); else stretched to H×W."""
     c, h, w = shape
     try:
         # Image.open reads the header only. No warnings.catch_warnings here: it is not
@@ -231,12 +233,7 @@ def decode_image(
                 nullcontext() if budget is None else budget.reserve(decode_cost(img, (w, h)))
             )
             with held:
-                small, box = reduced(img, (w, h))
-                out = to_channels(small, c, light_background=invert)
-            if out.size != (w, h) or box != (0, 0, *out.size):
-                out = out.resize((w, h), Image.Resampling.BILINEAR, box, reducing_gap=3.0)
-            if invert:
-                out = ImageOps.invert(out)
+                out = _model_input(img, (c, h, w), invert, fit)
             return out.tobytes()
     except (ImageRejected, DecodeBusy):
         raise
@@ -246,6 +243,27 @@ def decode_image(
         raise ImageRejected(f"too many pixels ({e})") from e
     except Exception as e:  # Pillow raises many kinds on a corrupt file; none is a 500
         raise ImageRejected(f"could not be decoded ({type(e).__name__}: {e})") from e
+
+
+def _model_input(
+    img: Image.Image, shape: tuple[int, int, int], invert: bool, fit: str | None
+) -> Image.Image:
+    """The decoded image at the model's C, H, W, white on black (`invert`: from dark on
+    light): by the set's `fit` where it has a pad or crop one (the set's images are square),
+    inverted before it is padded, so that the bands are black as the set's were; else
+    reduced and stretched."""
+    c, h, w = shape
+    if fit in ("pad", "crop") and h == w:
+        from core.photos import fit_image
+
+        img = to_channels(img, c, light_background=invert)
+        pixels = fit_image(ImageOps.invert(img) if invert else img, h, fit, c)  # (H, W, C)
+        return Image.fromarray(pixels[:, :, 0] if c == 1 else pixels)
+    small, box = reduced(img, (w, h))
+    out = to_channels(small, c, light_background=invert)
+    if out.size != (w, h) or box != (0, 0, *out.size):
+        out = out.resize((w, h), Image.Resampling.BILINEAR, box, reducing_gap=3.0)
+    return ImageOps.invert(out) if invert else out
 
 
 def open_image(data: bytes) -> Image.Image:

@@ -40,6 +40,7 @@ MAX_ENCODED_BYTES = 32 << 20  # one image file
 THUMBS_PER_CLASS = 3
 SPLITS = ("train", "val", "test")
 NAMED_PROBLEMS = 20  # bad files named in a refusal
+MAX_SKIPPED_LISTED = 100  # files skipped that a set's record names; the rest are counted
 KINDS = "PNG and JPEG, WebP, BMP, TIFF or GIF images"
 
 
@@ -82,6 +83,7 @@ def photo_set(
     y = np.array([h.label for h in heads], dtype=np.int64)
     x = x[keep].transpose(0, 3, 1, 2)
     parts = _split(heads, y, options.val_fraction)
+    _check_split(parts, y, classes)
     train, val = parts["train"], parts["val"]
     holdout = parts.get("test")
     parsed = canonical(
@@ -93,9 +95,19 @@ def photo_set(
     return dataclasses.replace(
         parsed,
         preprocessing=_preprocessing(heads, side, options.fit, channels),
-        skipped=[{"file": s.name, "reason": s.reason} for s in [*skipped, *bad]],
+        skipped=_listed([*skipped, *bad]),
         thumbnails=_thumbnails(x[train], y[train], len(classes)),
     )
+
+
+def _listed(skipped: list[Skipped]) -> list[dict[str, str]]:
+    """The files skipped, as the set's record keeps them: the first MAX_SKIPPED_LISTED, then
+    how many more (the record is returned with every listing of the key's sets)."""
+    out = [{"file": s.name, "reason": s.reason} for s in skipped[:MAX_SKIPPED_LISTED]]
+    if len(skipped) > MAX_SKIPPED_LISTED:
+        more = len(skipped) - MAX_SKIPPED_LISTED
+        out.append({"file": f"... and {more} more", "reason": "not listed"})
+    return out
 
 
 # ---------------------------------------------------------------------------- layout
@@ -169,6 +181,8 @@ def open_photo(data: bytes) -> Image.Image:
         img = Image.open(io.BytesIO(pixels), formats=photos.FORMATS)
     except Image.DecompressionBombError as e:
         raise ImageRejected(f"has too many pixels ({e})") from e
+    except Image.UnidentifiedImageError as e:  # its text names an object, not the file
+        raise ImageRejected("is not a PNG or JPEG (nor WebP, BMP, TIFF, GIF) image") from e
     except Exception as e:
         raise ImageRejected(f"is not a PNG or JPEG (nor WebP, BMP, TIFF, GIF) image ({e})") from e
     w, h = img.size
@@ -255,6 +269,23 @@ def _split(heads: list[_Head], y: I64, val_fraction: float) -> dict[str, np.ndar
         return {s: idx for s, idx in out.items() if s != "test" or len(idx)}
     train, val = stratified_split(y, 1.0 - val_fraction, SPLIT_SEED)
     return {"train": train, "val": val}
+
+
+def _check_split(parts: dict[str, np.ndarray], y: I64, classes: tuple[str, ...]) -> None:
+    """Every class has train images, and val has some: a refusal names the class."""
+    trained = np.bincount(y[parts["train"]], minlength=len(classes))
+    missing = [classes[k] for k in np.flatnonzero(trained == 0)]
+    if missing:
+        named = ", ".join(repr(c) for c in missing[:NAMED_PROBLEMS])
+        raise InvalidDataset(
+            f"class {named} has no train images: every class needs some (in train/<class>/, "
+            "or enough images for the split to leave some in train)"
+        )
+    if not len(parts["val"]):
+        raise InvalidDataset(
+            "the val split is empty: put images in val/<class>/ folders, or send more "
+            "images or a larger val_fraction"
+        )
 
 
 def _preprocessing(heads: list[_Head], side: int, fit: str, c: int) -> dict[str, object]:

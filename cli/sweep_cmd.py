@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from cli.client_cmd import client
-from cli.problems import refused
+from cli.problems import INTERRUPTED, refused
 from cli.sweep_args import FlagError, sweep_body
-from cli.sweep_view import EXIT_CODES, INTERRUPTED, LiveView, final_report
+from cli.sweep_view import EXIT_CODES, LiveView, final_report
 from cli.table import aligned
 from client.http import ApiError, Client
 

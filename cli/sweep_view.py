@@ -16,7 +16,6 @@ Sweep = dict[str, Any]
 
 # The exit code of `trainq sweep` and `trainq sweep watch` for each way a sweep ends.
 EXIT_CODES = {"succeeded": 0, "failed": 1, "canceled": 3}
-INTERRUPTED = 130  # the shell's code for a command stopped by ^C
 
 
 def searched(sweep: Sweep) -> list[str]:

@@ -13,10 +13,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import httpx
 
+from client.uploads import CountingReader, Progress, default_name, upload_file
 from core.spec import TERMINAL
 
 WHOLE_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -25,6 +26,8 @@ ID_PREFIX = re.compile(rf"^[0-9a-f-]{{{MIN_ID_PREFIX},36}}$")
 CANDIDATES_SHOWN = 5  # of an ambiguous prefix
 # The most a download writes: a server that is not trainq's could send an endless body.
 MAX_DOWNLOAD_BYTES = 2 << 30
+# An upload's answer comes once the API has checked every image: minutes for a large set.
+UPLOAD_READ_TIMEOUT = 900.0
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -208,6 +211,48 @@ class Client:
         if id_prefix:
             params["id_prefix"] = id_prefix
         return self._pages("/sweeps", params)
+
+    def upload_dataset(
+        self,
+        path: str | Path,
+        *,
+        name: str | None = None,
+        image_size: int | None = None,
+        fit: str | None = None,
+        val_fraction: float | None = None,
+        skip_bad: bool = False,
+        progress: Progress | None = None,
+    ) -> dict[str, Any]:
+        """Upload a data set: a .zip, .tar.gz or .npz file, or a folder of class folders
+        (archived on the fly into a temporary tar.gz). `progress(n)` hears each chunk's n
+        bytes as it is sent. The answer is the set as `dataset(id)` shows it; a refusal is
+        an ApiError (422 naming what was wrong, 413 past a bound)."""
+        path = Path(path)
+        fields = {
+            "name": name or default_name(path),
+            "image_size": image_size,
+            "fit": fit,
+            "val_fraction": val_fraction,
+            "skip_bad": "true" if skip_bad else None,
+        }
+        data = {k: str(v) for k, v in fields.items() if v is not None}
+        timeout = httpx.Timeout(self.http.timeout.connect, read=UPLOAD_READ_TIMEOUT)
+        with upload_file(path) as (sent_as, f):
+            reader = cast(IO[bytes], CountingReader(f, progress))  # read, seek, tell, fileno
+            file = (sent_as, reader, "application/octet-stream")
+            resp = self.http.post("/datasets", data=data, files={"file": file}, timeout=timeout)
+        return self._object(resp)
+
+    def dataset(self, dataset_id: str) -> dict[str, Any]:
+        """One data set (its id, or `ds:<id>`): classes, counts, mean/std, preprocessing."""
+        given = dataset_id.strip().lower().removeprefix("ds:")
+        if not WHOLE_ID.match(given):
+            raise IdNotFound(f"{dataset_id!r} is not a data set id (a uuid, or ds:<uuid>)")
+        return self._object(self.http.get(f"/datasets/{given}"))
+
+    def datasets(self) -> list[dict[str, Any]]:
+        """The key's data sets, newest first (an admin key: everyone's)."""
+        return cast(list[dict[str, Any]], self._json(self.http.get("/datasets")))
 
     def _pages(self, path: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Every item of a listing, page after page, following its cursors."""

@@ -30,9 +30,7 @@ MAX_IMAGES = 200_000
 MAX_SIDE = 256
 MIN_SIDE = 4  # two 2×2 poolings
 MIN_CLASSES, MAX_CLASSES = 2, 1000
-TRAIN_FRACTION = 0.8  # folder-per-class zips: a stratified, seeded split
 SPLIT_SEED = 0
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 IDX_NAMES = {
     "train-images-idx3-ubyte": "x_train",

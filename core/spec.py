@@ -172,8 +172,8 @@ class JobSpec(BaseModel):
     augment: Augment = Field(
         Augment.affine,
         title="Augmentation",
-        description="Move each training image by a small random affine map on the device: "
-        "affine (rotate ±10°, zoom ±10%, shift ±8%), shift only, or none.",
+        description="Augment each training image on the device: affine (rotate ±10°, zoom "
+        "±10%, shift ±8%), shift only, photo (crop, flip, colour jitter: not for digits), or none.",
     )
     ema_decay: float | None = Field(
         0.999,

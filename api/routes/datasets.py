@@ -52,17 +52,23 @@ UPLOAD_RESPONSES = {
     max_body_size=MAX_UPLOAD_BYTES + BODY_SLACK,  # above the app's 1 MiB
     responses=UPLOAD_RESPONSES,
     summary="Upload a data set",
-    description="Multipart: `file` (an .npz with uint8 `x_train`, `x_test` images "
-    "(N,H,W), (N,H,W,C) or (N,C,H,W), C 1 or 3, and integer `y_train`, `y_test` labels; or a "
-    "zip of `<class_name>/<image>.png|jpg` folders, split 80/20 per class; or a zip of the four "
-    "MNIST IDX files, .gz or not) and `name`. At most 200 MiB, `upload_max_images` images "
-    "(100,000 unless configured; more are refused with 413 before any is read) of at most "
-    "256×256, 2 to 1,000 classes, 1 GiB of pixels, nothing expanding over 100 times; refused "
-    "when nothing can be learnt from it (one value everywhere, one image, one class). Past "
-    "the uploads parsed at once (one key's share, `upload_max_per_key`, or the process's, "
-    "`max_parallel_uploads`), 429 with Retry-After; past the key's bytes of data sets "
-    "(`max_dataset_bytes`, counted as stored: the canonical .npz), 429. Train on it with "
-    '`"dataset": "ds:<id>"`.',
+    description="Multipart: `file` and `name`, and for photos `image_size`, `fit`, "
+    "`val_fraction`, `skip_bad`. The file is an .npz (uint8 `x_train`, `x_test` images "
+    "(N,H,W), (N,H,W,C) or (N,C,H,W), C 1 or 3, integer `y_train`, `y_test` labels); or a zip "
+    "or tar(.gz) of photos in `<class>/<image>` folders, with or without one top folder, "
+    "split as its `train/`, `val/` (and `test/`) folders give, else stratified by "
+    "`val_fraction` (PNG, JPEG, WebP, BMP, TIFF, GIF; each resized once to `image_size` by "
+    "`fit`; bad images refused by name, or skipped with `skip_bad`); or a zip of the four "
+    "MNIST IDX files, .gz or not. At most 200 MiB, `upload_max_images` images (100,000 "
+    "unless configured; more are refused with 413 before any is read), 2 to 1,000 classes, "
+    "every class with train images and a val split that is not empty, 1 GiB of pixels, "
+    "nothing expanding over 100 times; refused when nothing can be learnt from it (one "
+    "value everywhere, one image, one class). Past the uploads parsed at once (one key's "
+    "share, `upload_max_per_key`, or the process's, `max_parallel_uploads`), 429 with "
+    "Retry-After; past the key's bytes of data sets (`max_dataset_bytes`, counted as "
+    "stored: the canonical .npz), 429. The answer names the classes, their counts per "
+    "split, the per-channel mean and std, the preprocessing and what was skipped. Train on "
+    'it with `"dataset": "ds:<id>"`.',
 )
 def upload_dataset(
     file: Annotated[UploadFile, File(description="The .npz, .zip or .tar.gz.")],

@@ -36,6 +36,7 @@ _MULTIPART_SCHEMA = {
             "maxItems": MAX_FILES,
             "description": f"1 to {MAX_FILES} PNG or JPEG files of at most 1 MiB and "
             f"{MAX_SIDE}×{MAX_SIDE} pixels each; converted to the model's channels and "
+            "made as its data set's images were: by the set's pad or crop fit, else "
             "resized to its H×W (reduced as they are decoded).",
         },
         "invert": {
@@ -109,6 +110,8 @@ async def predict(
     # body (up to MAX_BODY_BYTES) is read, and the read's session is closed by then: no
     # database connection is held while a client uploads its images.
     model = await read(db, target, caller, job_id)
-    images = await read_images(request, model.shape, invert, budget.for_key(caller.owner))
+    images = await read_images(
+        request, model.shape, invert, budget.for_key(caller.owner), model.fit
+    )
     answer = Answer(classes=model.classes, k=k)
     return await classify(db, model.job_id, model.format, model.sha256, images, answer)

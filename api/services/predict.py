@@ -34,6 +34,7 @@ class Target:
     format: ExportFormat
     sha256: str
     classes: tuple[str, ...]  # the record's class names; () for a job stored before them
+    fit: str | None  # how its data set's images were sized (a photo set's); None: stretched
 
 
 def target(session: Session, caller: Caller, job_id: uuid.UUID) -> Target:
@@ -52,7 +53,15 @@ def target(session: Session, caller: Caller, job_id: uuid.UUID) -> Target:
         format=fmt,
         sha256=stored[fmt],
         classes=_class_names(job.record),
+        fit=_fit(job.record),
     )
+
+
+def _fit(record: dict[str, Any] | None) -> str | None:
+    """How the model's data set made its images (the run record's preprocessing, as its model
+    card says), which predict's image files are made by too; None for a record without it."""
+    fit = ((record or {}).get("preprocessing") or {}).get("fit")
+    return fit if isinstance(fit, str) else None
 
 
 def _class_names(record: dict[str, Any] | None) -> tuple[str, ...]:
@@ -75,14 +84,19 @@ def _input_shape(job_id: str, record: dict[str, Any] | None) -> tuple[int, int, 
 
 
 async def read_images(
-    request: Request, shape: tuple[int, int, int], invert: bool, budget: KeyBudget
+    request: Request,
+    shape: tuple[int, int, int],
+    invert: bool,
+    budget: KeyBudget,
+    fit: str | None = None,
 ) -> torch.Tensor:
-    """The body's images as an (N, C, H, W) tensor, by its media type."""
+    """The body's images as an (N, C, H, W) tensor, by its media type; image files are made
+    by the data set's `fit`."""
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type == "application/json":
         return await read_json_images(request, shape, invert)
     if media_type == "multipart/form-data":
-        return await read_file_images(request, shape, invert, budget)
+        return await read_file_images(request, shape, invert, budget, fit)
     raise UnsupportedMediaType(
         f'send application/json ({{"images": [...]}}) or multipart/form-data '
         f"(PNG or JPEG files in field 'files'), not {media_type or 'no Content-Type'}"

@@ -1,7 +1,8 @@
 // trainq dashboard: plain browser JavaScript, no build step, nothing loaded from elsewhere.
 // Views are chosen by the URL hash: "#/" lists jobs and the submit form, "#/jobs/<id>"
 // follows one job; sweeps.js adds "#/sweeps" and "#/sweeps/<id>", compare.js
-// "#/compare/<id>,<id>…", charts.js the uPlot charts they share. Every API call carries
+// "#/compare/<id>,<id>…", datasets.js "#/datasets" and "#/datasets/<id>", charts.js the
+// uPlot charts they share. Every API call carries
 // "Authorization: Bearer <key>"; the key lives in sessionStorage, so it is forgotten with
 // the tab.
 "use strict";
@@ -181,7 +182,7 @@ async function repeat(fn, ms, signal) {
   }
 }
 
-const VIEWS = ["login-view", "home-view", "job-view", "sweeps-view", "sweep-view", "compare-view"];
+const VIEWS = ["login-view", "home-view", "job-view", "sweeps-view", "sweep-view", "compare-view", "datasets-view", "dataset-view"];
 
 function showView(id) {
   for (const section of VIEWS) $(`#${section}`).hidden = section !== id;
@@ -225,6 +226,8 @@ function route() {
   else if ((match = hash.match(/^#\/sweeps\/([0-9a-fA-F-]{36})$/))) openSweep(match[1], signal);
   else if (hash === "#/sweeps") openSweeps(signal);
   else if ((match = hash.match(/^#\/compare\/([0-9a-fA-F,-]+)$/))) openCompare(match[1].split(","), signal);
+  else if ((match = hash.match(/^#\/datasets\/([0-9a-fA-F-]{36})$/))) openDataset(match[1], signal);
+  else if (hash === "#/datasets") openDatasets(signal);
   else openHome(signal);
 }
 

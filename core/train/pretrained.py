@@ -62,9 +62,11 @@ class SameConv2d(nn.Conv2d):
 def _conv_bn(
     c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1, act: bool = True
 ) -> nn.Sequential:
-    """conv + BN (TensorFlow's eps and momentum) + ReLU6."""
+    """conv + BN (TensorFlow's eps) + ReLU6. BN keeps PyTorch's momentum, not TensorFlow's
+    0.01: on a set of a few dozen batches an epoch, running statistics that slow would
+    still be mostly their start at the first evaluation."""
     layers: list[nn.Module] = [SameConv2d(c_in, c_out, kernel, stride, groups)]
-    layers.append(nn.BatchNorm2d(c_out, eps=1e-3, momentum=0.01))
+    layers.append(nn.BatchNorm2d(c_out, eps=1e-3))
     if act:
         layers.append(nn.ReLU6(inplace=True))
     return nn.Sequential(*layers)

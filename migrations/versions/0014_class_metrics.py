@@ -2,7 +2,7 @@
 accuracy on the test split, with the class names (JSON; null for epochs stored before)
 
 Revision ID: 0014
-Revises: 0012
+Revises: 0013
 Create Date: 2026-12-08 10:00:00.000000
 """
 

@@ -207,7 +207,7 @@ def test_delete_succeeded_job_removes_its_model(svc: Service, sdb: Database) -> 
     c = svc.client()
     done = trained(c, SHORT)
     before = rows_of(sdb, done["id"])
-    assert before["artifacts"] == 1 and before["step_metrics"] == 3
+    assert before["artifacts"] == 2 and before["step_metrics"] == 3  # the model and its weights
     rq_done(svc, done["id"])
     httpx.delete(f"{svc.url}/jobs/{done['id']}", headers=auth(svc.admin_key)).raise_for_status()
     assert set(rows_of(sdb, done["id"]).values()) == {0}

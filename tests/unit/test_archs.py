@@ -163,3 +163,30 @@ def test_the_job_started_from_is_part_of_the_request_hash() -> None:
     hashes = {spec_hash(JobSpec(init_from=job)) for job in (a, b, None)}
     assert len(hashes) == 3  # an Idempotency-Key reused with another start is a conflict
     assert spec_hash(JobSpec(init_from=a.upper())) == spec_hash(JobSpec(init_from=a))
+
+
+def saved_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """What autograd keeps for the backward of one training forward, weights aside."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.train()(x)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("arch", TORCHVISION)
+@pytest.mark.parametrize("side", [16, 72])  # a small-input stem, then torchvision's own
+def test_the_memory_estimate_covers_what_autograd_keeps(arch: Architecture, side: int) -> None:
+    spec = JobSpec(dataset="ds:3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88", model=arch, batch_size=2)
+    shape = (3, side, side)
+    model = build_model(spec, shape, 10)
+    kept = saved_bytes(model, torch.rand(2, *shape))
+    estimate = step_memory(spec, shape, 10) - 16 * parameter_count(spec, shape, 10)
+    assert kept <= estimate / 2 <= 2 * kept  # the estimate is twice what is kept, not far off

@@ -85,6 +85,13 @@ def test_data_install_loads_no_heavy_module(tmp_path: Path) -> None:
     assert loaded(*argv) & set(HEAVY) == set()
 
 
+def test_data_upload_loads_no_heavy_module(tmp_path: Path) -> None:
+    """A folder is archived and sent with the standard library and httpx alone."""
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "0.png").write_bytes(b"not read here")
+    assert loaded("data", "upload", str(tmp_path)) & set(HEAVY) == set()
+
+
 @pytest.mark.parametrize(
     "argv",
     [["--help"], ["watch", "--help"], ["cancel", "--help"], ["download", "--help"]],
