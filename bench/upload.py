@@ -109,10 +109,11 @@ def child(path: Path) -> None:
 def in_process(path: Path) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-m", "bench.upload", "--child", str(path)],
-        check=True,
         capture_output=True,
         text=True,
     )
+    if out.returncode != 0:
+        raise SystemExit(f"bench: the in-process parse failed:\n{out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.splitlines()[-1])
     return result
 
