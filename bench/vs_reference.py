@@ -122,8 +122,9 @@ def run_trainq(folder: Path, model: str, epochs: int, data_dir: Path) -> dict[st
 
 
 def run_reference(reference: Path, folder: Path, model: str, epochs: int) -> dict[str, Any]:
-    """The reference script on the folder (bench.reference_shim); times from its start."""
-    out = tempfile.mkdtemp(prefix="reference-")
+    """The reference script on the folder (bench.reference_shim); times from its start. Its
+    checkpoints go beside the folder, into the bench's temporary directory."""
+    out = tempfile.mkdtemp(prefix="reference-", dir=folder.parent)
     argv = [
         sys.executable, "-m", "bench.reference_shim", str(reference),
         "--data-path", str(folder), "--model", model, "--device", "cpu", "-j", "2",
