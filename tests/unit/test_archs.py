@@ -190,3 +190,31 @@ def test_the_memory_estimate_covers_what_autograd_keeps(arch: Architecture, side
     kept = saved_bytes(model, torch.rand(2, *shape))
     estimate = step_memory(spec, shape, 10) - 16 * parameter_count(spec, shape, 10)
     assert kept <= estimate / 2 <= 2 * kept  # the estimate is twice what is kept, not far off
+
+
+@pytest.mark.parametrize(
+    "widths", [(32, 64, 0, 128), (512, 64, 0, 128), (32, 512, 0, 128), (64, 64, 256, 64)]
+)
+@pytest.mark.parametrize("side", [28, 96])
+def test_the_cnn_memory_estimate_covers_what_autograd_keeps(
+    widths: tuple[int, int, int, int], side: int
+) -> None:
+    c1, c2, c3, hidden = widths
+    spec = JobSpec(conv1_channels=c1, conv2_channels=c2, conv3_channels=c3, hidden=hidden,
+                   batch_size=2)  # fmt: skip
+    shape = (3, side, side)
+    model = build_model(spec, shape, 10)
+    kept = saved_bytes(model, torch.rand(2, *shape))
+    estimate = step_memory(spec, shape, 10) - 16 * parameter_count(spec, shape, 10)
+    assert 0.8 * kept <= estimate / 2 <= 1.5 * kept
+
+
+def test_a_cnn_too_wide_for_its_images_and_batch_is_refused() -> None:
+    """The cnn's parameters fit (25.7M), but its first block alone holds half a TiB."""
+    spec = JobSpec(dataset="ds:3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88", conv1_channels=512,
+                   conv2_channels=1024, conv3_channels=2048, hidden=1, batch_size=4096)  # fmt: skip
+    problem = model_too_large(spec, (3, 256, 256), 10)
+    assert problem is not None and "GiB a step" in problem
+    fits = int(problem.split("use batch_size ")[1].split()[0])
+    assert model_too_large(spec.model_copy(update={"batch_size": fits}), (3, 256, 256), 10) is None
+    assert model_too_large(spec.model_copy(update={"batch_size": fits + 1}), (3, 256, 256), 10)
