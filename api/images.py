@@ -15,6 +15,8 @@ from typing import IO
 
 from PIL import Image, ImageOps, JpegImagePlugin
 
+from core.photos import wide_gray_to_8bit
+
 MAX_SIDE = 4096  # pixels, either side of an image sent for prediction, checked before decoding
 # One image's pixels as Pillow holds them once decoded (4 bytes a pixel for RGB and RGBA),
 # checked from the header: a 4096×4096 RGBA image is the most one decode may hold.
@@ -184,15 +186,13 @@ def to_channels(img: Image.Image, channels: int, light_background: bool = False)
     Transparent pixels take the background's colour (black, or white for dark-on-light
     images); 16-bit grayscale is scaled to 8 bits, not clipped."""
     mode = "L" if channels == 1 else "RGB"
+    img = wide_gray_to_8bit(img)  # convert("L") would clip everything above 255 to white
     if img.mode in _ALPHA_MODES or "transparency" in img.info:
         rgba = img.convert("RGBA")
         colour = (255, 255, 255, 255) if light_background else (0, 0, 0, 255)
         background = Image.new("RGBA", rgba.size, colour)
         background.alpha_composite(rgba)
         return background.convert(mode)
-    if img.mode.startswith("I;16") or img.mode == "I":
-        # convert("L") would clip everything above 255 to white.
-        img = img.convert("I").point(lambda v: v / 257)
     return img.convert(mode)
 
 

@@ -19,6 +19,12 @@ from core.errors import DatasetTooLarge, InvalidDataset
 from core.text import PLAIN_MESSAGE, is_plain
 
 TAR_HEADER = 512  # bytes a tar member's header takes
+MAX_NAME = 1024  # characters in a member's path: a longer one is no photo's
+# A tar's extended headers (GNU long names and links, pax records) hold a name or a few
+# fields; tarfile reads one whole into memory before any check of ours could see it.
+MAX_EXTENDED_HEADER = 64 << 10
+_EXTENDED = {tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+             tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -34,16 +40,43 @@ class Skipped:
     reason: str
 
 
+class _BoundedInfo(tarfile.TarInfo):
+    """A member whose extended header is refused, unread, past MAX_EXTENDED_HEADER."""
+
+    def _proc_member(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _EXTENDED and self.size > MAX_EXTENDED_HEADER:
+            raise DatasetTooLarge(
+                f"a member's extended header (a long name or pax record) is {self.size} "
+                f"bytes: at most {MAX_EXTENDED_HEADER}"
+            )
+        return super()._proc_member(tf)  # type: ignore[misc,no-any-return]
+
+
+def _open_tar(data: bytes) -> tarfile.TarFile:
+    return tarfile.open(fileobj=io.BytesIO(data), mode="r|*", tarinfo=_BoundedInfo)
+
+
 def is_tar(data: bytes) -> bool:
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r|*") as tf:
+        with _open_tar(data) as tf:
             return tf.next() is not None
+    except DatasetTooLarge:
+        return True  # a tar, refused when its members are read
     except (tarfile.TarError, OSError, EOFError):
         return False
 
 
+def quoted(name: str, limit: int = 120) -> str:
+    """A member's name as a message quotes it: cut short past `limit` characters."""
+    return repr(name if len(name) <= limit else name[:limit] + "...")
+
+
 def _parts(name: str) -> tuple[str, ...]:
     """The path's parts, refused if absolute, climbing with '..' or not plain text."""
+    if len(name) > MAX_NAME:
+        raise InvalidDataset(
+            f"archive member {quoted(name)}: a path of {len(name)} characters, at most {MAX_NAME}"
+        )
     path = name.replace("\\", "/")
     parts = tuple(p for p in path.split("/") if p not in ("", "."))
     if path.startswith("/") or (len(name) > 1 and name[1] == ":") or ".." in parts:
@@ -82,13 +115,14 @@ def tar_members(data: bytes) -> tuple[list[Member], list[Skipped]]:
     the upload), links and devices skipped and named."""
     members: list[Member] = []
     skipped: list[Skipped] = []
-    count = expanded = 0
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r|*") as tf:
+    count = 0
+    with _open_tar(data) as tf:
         for info in tf:
             count += 1
             if count > datasets.MAX_MEMBERS:
                 raise DatasetTooLarge(f"the archive has over {datasets.MAX_MEMBERS} members")
-            expanded += TAR_HEADER + max(info.size, 0)
+            # Where its data starts in the expanded stream: every header before it counted.
+            expanded = info.offset_data + max(info.size, 0)
             _check_expanded(expanded, len(data))
             parts = _parts(info.name)
             if _ignored(parts) or info.isdir():

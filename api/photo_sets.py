@@ -40,6 +40,7 @@ MAX_ENCODED_BYTES = 32 << 20  # one image file
 THUMBS_PER_CLASS = 3
 SPLITS = ("train", "val", "test")
 NAMED_PROBLEMS = 20  # bad files named in a refusal
+MAX_SKIPPED_LISTED = 100  # files skipped that a set's record names; the rest are counted
 KINDS = "PNG and JPEG, WebP, BMP, TIFF or GIF images"
 
 
@@ -94,9 +95,19 @@ def photo_set(
     return dataclasses.replace(
         parsed,
         preprocessing=_preprocessing(heads, side, options.fit, channels),
-        skipped=[{"file": s.name, "reason": s.reason} for s in [*skipped, *bad]],
+        skipped=_listed([*skipped, *bad]),
         thumbnails=_thumbnails(x[train], y[train], len(classes)),
     )
+
+
+def _listed(skipped: list[Skipped]) -> list[dict[str, str]]:
+    """The files skipped, as the set's record keeps them: the first MAX_SKIPPED_LISTED, then
+    how many more (the record is returned with every listing of the key's sets)."""
+    out = [{"file": s.name, "reason": s.reason} for s in skipped[:MAX_SKIPPED_LISTED]]
+    if len(skipped) > MAX_SKIPPED_LISTED:
+        more = len(skipped) - MAX_SKIPPED_LISTED
+        out.append({"file": f"... and {more} more", "reason": "not listed"})
+    return out
 
 
 # ---------------------------------------------------------------------------- layout

@@ -54,18 +54,34 @@ def to_8bit(img: Image.Image, channels: int) -> Image.Image:
     black (alpha is not kept); 16-bit gray is scaled by 255/65535, never clipped; float gray
     in [0, 1] is scaled to [0, 255] (above 1: read as [0, 255], clipped)."""
     mode = "L" if channels == 1 else "RGB"
+    img = wide_gray_to_8bit(img)
     if img.mode in _ALPHA_MODES or "transparency" in img.info:
         rgba = img.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
         background.alpha_composite(rgba)
         return background.convert(mode)
-    if img.mode.startswith("I;16") or img.mode == "I":
-        img = img.convert("I").point(lambda v: v / 257).convert("L")
-    elif img.mode == "F":
-        high = img.getextrema()[1]
-        img = img.point(lambda v: v * 255) if isinstance(high, float) and high <= 1.0 else img
-        img = img.convert("L")
     return img.convert(mode)
+
+
+def wide_gray_to_8bit(img: Image.Image) -> Image.Image:
+    """16-bit or 32-bit integer gray scaled by 255/65535, float gray in [0, 1] by 255 (above
+    1: read as [0, 255]; NaN as 0), as "L", or "LA" where a transparency key marks pixels
+    transparent; Pillow's own conversions would clip the values at 255 first. Any other
+    image as it is."""
+    if not (img.mode.startswith("I") or img.mode == "F"):
+        return img
+    values = np.asarray(img.convert("F" if img.mode == "F" else "I"), dtype=np.float64)
+    key = img.info.get("transparency")
+    if img.mode == "F":
+        values = np.nan_to_num(values, nan=0.0, posinf=255.0, neginf=0.0)
+        finite_high = float(values.max()) if values.size else 0.0
+        scaled = values * 255 if finite_high <= 1.0 else values
+    else:
+        scaled = values / 257
+    gray = Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), "L")
+    if isinstance(key, int) and img.mode != "F":
+        gray.putalpha(Image.fromarray(np.where(values == key, 0, 255).astype(np.uint8), "L"))
+    return gray
 
 
 def draft_for(img: Image.Image, size: int, channels: int) -> None:

@@ -275,3 +275,43 @@ def test_a_set_holds_2_to_1000_classes(n: int) -> None:
     members = {f"c{k}/0.png": b"not read" for k in range(n)}
     with pytest.raises(InvalidDataset, match=f"{n} classes: a data set needs 2 to 1000"):
         parse_upload(zip_bytes(members))
+
+
+def _long_name_tar(name_bytes: int) -> bytes:
+    """A tar.gz whose first member's GNU long-name header declares `name_bytes` of name."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.GNU_FORMAT) as tf:
+        info = tarfile.TarInfo("cat/" + "x" * (name_bytes - 8) + ".png")
+        info.size = 1
+        tf.addfile(info, io.BytesIO(b"\0"))
+    return buf.getvalue()
+
+
+def test_a_long_name_header_is_refused_before_it_is_read() -> None:
+    """tarfile reads a GNU long name whole: a header declaring megabytes of name is refused
+    from its size, before any of it is read into memory."""
+    with pytest.raises(DatasetTooLarge, match="extended header"):
+        parse_upload(_long_name_tar(1 << 20))
+    with pytest.raises(InvalidDataset, match=r"a path of 5000 characters, at most 1024") as e:
+        parse_upload(_long_name_tar(5000))
+    assert len(e.value.message) < 400  # the name is not echoed whole
+
+
+def test_the_files_skipped_are_listed_up_to_a_bound(photos: dict[str, Image.Image]) -> None:
+    members = {f"{k}/{i}.png": encoded(varied(p, i).resize((16, 16)), "PNG")
+               for k, p in photos.items() for i in range(4)}  # fmt: skip
+    members.update({f"cat/note{i}.txt": b"x" for i in range(150)})
+    parsed = parse_upload(zip_bytes(members), options=PhotoOptions(skip_bad=True))
+    assert parsed.skipped is not None and len(parsed.skipped) == 101
+    assert parsed.skipped[-1]["file"] == "... and 50 more"
+
+
+def test_16_bit_gray_with_a_transparent_value_is_scaled_too() -> None:
+    """A transparency key on a 16-bit image made it all white (the alpha path clipped the
+    values at 255 before scaling)."""
+    values = np.array([[40000, 20000], [40000, 20000]], dtype=np.uint16)
+    img = Image.fromarray(values.astype(np.int32)).convert("I;16")
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", transparency=1)  # no pixel is 1: nothing is transparent
+    out = fit_image(Image.open(io.BytesIO(buf.getvalue())), 2, "stretch", 1)
+    assert sorted(set(out.ravel().tolist())) in ([78, 155], [78, 156])  # 20000, 40000 / 257
