@@ -219,3 +219,12 @@ def test_the_memory_estimate_covers_what_autograd_keeps(arch: Architecture, side
     kept = saved_bytes(model, torch.rand(2, *shape))
     estimate = step_memory(spec, shape, 10) - 16 * parameter_count(spec, shape, 10)
     assert kept <= estimate / 2 <= 2 * kept  # the estimate is twice what is kept, not far off
+
+
+@pytest.mark.parametrize("side", [8, 9, 11])  # the deepest 5×5 convs meet 1 px, padded to 5
+def test_lite0s_estimate_covers_the_padding_of_tiny_images(side: int) -> None:
+    own = "ds:3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"
+    spec = JobSpec(dataset=own, model="efficientnet_lite0", batch_size=2)
+    shape = (3, side, side)
+    kept = saved_bytes(build_model(spec, shape, 10), torch.rand(2, *shape))
+    assert kept <= (step_memory(spec, shape, 10) - 16 * parameter_count(spec, shape, 10)) / 2
