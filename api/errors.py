@@ -160,7 +160,7 @@ def _install_outages(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     async def database_busy(_: Request, exc: Exception) -> JSONResponse:
-        return _unavailable("the database is busy or unavailable", exc)
+        return database_problem(exc)
 
 
 def named_refusal(exc: TrainqError) -> JSONResponse:
@@ -256,3 +256,22 @@ def _unavailable(what: str, exc: Exception, retry_after_s: str = RETRY_AFTER_S) 
         status_code=503,
         headers={"Retry-After": retry_after_s},
     )
+
+
+# SQLite's "database or disk is full"; PostgreSQL's disk_full (53100) and "No space left".
+_DISK_FULL = ("database or disk is full", "no space left on device", "disk full")
+
+
+def database_problem(exc: Exception) -> JSONResponse:
+    """A database that refused a write for lack of disk: 507, which a retry will not mend
+    until an operator frees space; any other operational error: 503, busy or away."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).lower()
+    if getattr(orig, "sqlstate", None) == "53100" or any(s in text for s in _DISK_FULL):
+        log.error("the database's disk is full: %s", exc)
+        return JSONResponse(
+            {"detail": "the database's disk is full: nothing was written; an operator must "
+                       "free space before this can succeed"},
+            status_code=507,
+        )  # fmt: skip
+    return _unavailable("the database is busy or unavailable", exc)

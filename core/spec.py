@@ -7,12 +7,38 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.model_sizes import model_too_large
+from core.spec_enums import (
+    TERMINAL,
+    Amp,
+    Architecture,
+    Augment,
+    DataPath,
+    ExportFormat,
+    JobStatus,
+    Optimizer,
+    Priority,
+    Scheduler,
+)
+
+# The enums are core.spec_enums's, re-exported: `from core.spec import X` for each.
+__all__ = [
+    "TERMINAL",
+    "Amp",
+    "Architecture",
+    "Augment",
+    "DataPath",
+    "ExportFormat",
+    "JobSpec",
+    "JobStatus",
+    "Optimizer",
+    "Priority",
+    "Scheduler",
+]
 
 DATASETS = ("mnist", "fashion-mnist", "mnist-sample")
 # Named by specs once and offered no longer: no registry here ships them. Stored jobs that
@@ -24,93 +50,6 @@ USER_DATASET_PREFIX = "ds:"  # "ds:<uuid>": a data set uploaded through POST /da
 def user_dataset_id(name: str) -> str | None:
     """The uuid of a "ds:<uuid>" data set name, or None for a built-in name."""
     return name.removeprefix(USER_DATASET_PREFIX) if name.startswith(USER_DATASET_PREFIX) else None
-
-
-class JobStatus(StrEnum):
-    """One status enum for the DB column, the API schema, the stream, the client and the worker."""
-
-    queued = "queued"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    canceled = "canceled"
-    pruned = "pruned"  # a sweep's trial stopped by its pruner at an epoch's end (core.sweeps)
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL
-
-
-TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.canceled, JobStatus.pruned})
-
-
-class Amp(StrEnum):
-    auto = "auto"  # the fastest correct choice for the device (see core.train.device)
-    fp16 = "fp16"  # CUDA only, with a GradScaler
-    bf16 = "bf16"  # no scaler needed
-    off = "off"
-
-
-class Optimizer(StrEnum):
-    adamw = "adamw"
-    sgd = "sgd"
-
-
-class Scheduler(StrEnum):
-    cosine = "cosine"
-    onecycle = "onecycle"
-    none = "none"
-
-
-class Augment(StrEnum):
-    none = "none"
-    shift = "shift"  # a random shift of up to 8% of the side, per image
-    affine = "affine"  # a random rotation (±10°), zoom (±10%) and shift (±8%), per image
-    photo = "photo"  # random resized crop, horizontal flip, light colour jitter, per image
-
-
-class Architecture(StrEnum):
-    """The model a job trains (docs/models.md): the seed's CNN or a torchvision builder."""
-
-    cnn = "cnn"
-    resnet18 = "resnet18"
-    resnet34 = "resnet34"
-    mobilenet_v3_small = "mobilenet_v3_small"
-    mobilenet_v3_large = "mobilenet_v3_large"
-    efficientnet_b0 = "efficientnet_b0"
-
-
-class Priority(StrEnum):
-    """Orders one owner's own queued jobs; fair share between owners comes first."""
-
-    low = "low"
-    normal = "normal"
-    high = "high"
-
-    @property
-    def rank(self) -> int:
-        """The value stored in the jobs table's `priority` column: higher runs sooner."""
-        return {Priority.low: -1, Priority.normal: 0, Priority.high: 1}[self]
-
-
-class DataPath(StrEnum):
-    device = "device"  # the whole set held on the device as uint8, batches cut by index
-    dataloader = "dataloader"  # the classic torch DataLoader over torchvision transforms
-
-
-class ExportFormat(StrEnum):
-    """The formats a trained model leaves in; each is verified against the trained logits."""
-
-    torchscript = "torchscript"  # torch.jit.load: the default download, always supported
-    pt2 = "pt2"  # torch.export.load(...).module()
-    onnx = "onnx"  # onnxruntime.InferenceSession, or any ONNX runtime
-
-    @property
-    def suffix(self) -> str:
-        return _SUFFIXES[self]
-
-
-_SUFFIXES = {ExportFormat.torchscript: ".pt", ExportFormat.pt2: ".pt2", ExportFormat.onnx: ".onnx"}
 
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -220,7 +159,13 @@ class JobSpec(BaseModel):
         Architecture.cnn,
         title="Architecture",
         description="cnn (the seed's CNN), resnet18, resnet34, mobilenet_v3_small, "
-        "mobilenet_v3_large or efficientnet_b0 (torchvision's, stems fitted to small images).",
+        "mobilenet_v3_large, efficientnet_b0 (torchvision's) or efficientnet_lite0 (the one "
+        "with ImageNet weights: pretrained); stems fitted to small images.",
+    )
+    pretrained: bool = Field(
+        False,
+        title="Pretrained weights",
+        description="Start from ImageNet weights (efficientnet_lite0 only; not with init_from).",
     )
     init_from: str | None = Field(
         None,
@@ -230,11 +175,14 @@ class JobSpec(BaseModel):
         "from its trained weights (a new class layer when the classes differ).",
     )
     freeze_backbone: bool = Field(
-        False, title="Freeze backbone", description="Train only the classifier (init_from only)."
+        False,
+        title="Freeze backbone",
+        description="Train only the classifier (init_from or pretrained only).",
     )
     backbone_lr_scale: float = Field(
         1.0, title="Backbone learning-rate scale", gt=0, le=1,
-        description="The backbone learns at lr times this; the classifier at lr (init_from only).",
+        description="The backbone learns at lr times this; the classifier at lr (init_from or "
+        "pretrained only).",
     )  # fmt: skip
     conv1_channels: int = Field(32, title="First conv layer channels", ge=1, le=512)
     conv2_channels: int = Field(64, title="Second conv layer channels", ge=1, le=1024)
@@ -354,8 +302,16 @@ def _architecture_problem(spec: JobSpec) -> str | None:
         changed = [f for f in CNN_ONLY if getattr(spec, f) != JobSpec.model_fields[f].default]
         if changed := changed + ["gradient_checkpointing"] * spec.gradient_checkpointing:
             return f"{', '.join(changed)}: for model cnn only, not {spec.model}; leave them out"
-    if spec.init_from is None and (spec.freeze_backbone or spec.backbone_lr_scale != 1):
-        return "freeze_backbone and backbone_lr_scale need init_from (a job to start from)"
+    if spec.pretrained and spec.model is not Architecture.efficientnet_lite0:
+        return f"pretrained: ImageNet weights are offered for efficientnet_lite0, not {spec.model}"
+    if spec.pretrained and spec.init_from is not None:
+        return "pretrained and init_from both choose the starting weights: pick one"
+    starts = spec.init_from is not None or spec.pretrained
+    if not starts and (spec.freeze_backbone or spec.backbone_lr_scale != 1):
+        return (
+            "freeze_backbone and backbone_lr_scale need init_from (a job to start from) "
+            "or pretrained"
+        )
     return None
 
 

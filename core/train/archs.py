@@ -1,7 +1,8 @@
-"""The architectures a job can train: the seed's CNN (core.train.model.Net) and torchvision's
-own builders (weights=None), each with its stem adapted to the set's input channels and, at
-64 px a side or less, to small images as CIFAR practice does; the classifier sized to the
-set's classes. See docs/models.md."""
+"""The architectures a job can train: the seed's CNN (core.train.model.Net), torchvision's
+own builders (weights=None) and EfficientNet-Lite0 (ImageNet weights when pretrained), each
+with its stem adapted to the set's input channels and, at 64 px a side or less, to small
+images as CIFAR practice does; the classifier sized to the set's classes. See
+docs/models.md."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torchvision import models as tv
 from core.model_sizes import SMALL_INPUT
 from core.spec import Architecture, JobSpec
 from core.train.model import Net
+from core.train.pretrained import SameConv2d, efficientnet_lite0, fit_padding
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ PARTS = {
     Architecture.mobilenet_v3_small: Parts("classifier", "classifier.3"),
     Architecture.mobilenet_v3_large: Parts("classifier", "classifier.3"),
     Architecture.efficientnet_b0: Parts("classifier", "classifier.1"),
+    Architecture.efficientnet_lite0: Parts("classifier", "classifier"),
 }
 
 
@@ -51,6 +54,10 @@ def build_model(spec: JobSpec, image_shape: tuple[int, int, int], num_classes: i
             conv3=spec.conv3_channels,
         )
     small = max(h, w) <= SMALL_INPUT
+    if spec.model is Architecture.efficientnet_lite0:
+        lite = _lite0(spec.pretrained, c, num_classes, small)
+        fit_padding(lite, image_shape)
+        return lite
     net: nn.Module = getattr(tv, spec.model.value)(weights=None, num_classes=num_classes)
     if spec.model in (Architecture.resnet18, Architecture.resnet34):
         net.conv1 = _stem(c, 64, 3 if small else 7, 1 if small else 2)
@@ -60,6 +67,19 @@ def build_model(spec: JobSpec, image_shape: tuple[int, int, int], num_classes: i
         first = cast(nn.Sequential, net.get_submodule("features.0"))
         out = cast(nn.Conv2d, first[0]).out_channels
         first[0] = _stem(c, out, 3, 1 if small else 2)
+    return net
+
+
+def _lite0(pretrained: bool, channels: int, num_classes: int, small: bool) -> nn.Module:
+    """EfficientNet-Lite0 (core.train.pretrained), its stem at stride 1 on small images: the
+    same 3×3 kernels (pretrained or not), so the weights still fit."""
+    net = efficientnet_lite0(num_classes, channels, pretrained)
+    if small:
+        wide = cast(SameConv2d, net.stem[0])
+        narrow = SameConv2d(channels, wide.out_channels, 3, 1, 1)
+        with torch.no_grad():
+            narrow.weight.copy_(wide.weight)
+        net.stem[0] = narrow
     return net
 
 

@@ -46,7 +46,8 @@ STEM, HEAD = 32, 1280
 class SameConv2d(nn.Conv2d):
     """A bias-free conv padded as TensorFlow's SAME pads an even size, as the weights were
     trained: at stride 2 one more pixel right and below (symmetric padding moves every
-    later feature by half a pixel); at stride 1 symmetric."""
+    later feature by half a pixel); at stride 1 symmetric. fit_padding sets it for the
+    sizes an image of a set's shape reaches."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int, groups: int) -> None:
         super().__init__(c_in, c_out, kernel, stride, padding=0, groups=groups, bias=False)
@@ -57,6 +58,29 @@ class SameConv2d(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = super().forward(F.pad(x, self.same))
         return y
+
+
+def fit_padding(model: nn.Module, image_shape: tuple[int, int, int]) -> None:
+    """Pad each SameConv2d as SAME pads the side it meets for images of `image_shape`
+    (C, H, W): an odd side, or one smaller than the kernel deep in the net on a small image,
+    padded as TensorFlow would. Fixed here, so that tracing sees no shape arithmetic."""
+
+    def fit(conv: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        assert isinstance(conv, SameConv2d)
+        k, s = conv.kernel_size[0], conv.stride[0]
+        pads = [max((-(-n // s) - 1) * s + k - n, 0) for n in args[0].shape[-2:]]
+        conv.same = (pads[1] // 2, pads[1] - pads[1] // 2, pads[0] // 2, pads[0] - pads[0] // 2)
+
+    convs = [m for m in model.modules() if isinstance(m, SameConv2d)]
+    hooks = [m.register_forward_pre_hook(fit) for m in convs]
+    training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(1, *image_shape))
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(training)
 
 
 def _conv_bn(

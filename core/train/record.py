@@ -15,6 +15,7 @@ from core.spec import JobSpec
 from core.train.data import Dataset
 from core.train.device import amp_name, device_name
 from core.train.model_card import preprocessing
+from core.train.pretrained import WEIGHTS_FILE, WEIGHTS_PACKAGE, WEIGHTS_SHA256
 
 
 def run_record(
@@ -52,8 +53,16 @@ def run_record(
         },
         "preprocessing": preprocessing(data),
         "model_input": "float32 (N, C, H, W) in [0, 1]; normalisation is inside the model",
+        "pretrained_weights": _pretrained(spec),
         "result": result,
     }
+
+
+def _pretrained(spec: JobSpec) -> dict[str, str] | None:
+    """The file the run's starting weights came from, by its pinned sha256; None without."""
+    if not spec.pretrained:
+        return None
+    return {"package": WEIGHTS_PACKAGE, "file": WEIGHTS_FILE, "sha256": WEIGHTS_SHA256}
 
 
 def _git_revision() -> str | None:

@@ -301,11 +301,11 @@ def test_nan_loss_fails_diverged_without_nan_in_metrics(svc: Service) -> None:
 
 def test_out_of_memory_fails_with_figures_and_advice(svc: Service) -> None:
     c = svc.client()
-    svc.start_worker(data_limit=6 << 30)  # a worker with 6 GiB of data memory
-    job = c.submit({"epochs": 1, "batch_size": 4000, "conv1_channels": 512})
+    svc.start_worker(data_limit=3 << 30)  # a worker with 3 GiB of data memory
+    job = c.submit({"epochs": 1, "batch_size": 1500, "conv1_channels": 512})  # under the bound
     done = wait_status(c, job["id"], "failed")
     assert done["error"]["code"] == "out_of_memory"
-    assert "batch_size 4000" in done["error"]["message"]
+    assert "batch_size 1500" in done["error"]["message"]
     assert "smaller batch_size" in done["error"]["message"]
     assert done["attempt"] == 1  # no retry loop
 

@@ -1,6 +1,7 @@
 """init_from through the running service: a job starts from the caller's own succeeded job
 only; another key's job reads exactly as a missing one; another architecture, or a source
-deleted since, is a 422 that says why."""
+deleted since, is a 422 that says why; ImageNet weights (pretrained) are for
+efficientnet_lite0 alone, and its record names them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from core.train.pretrained import WEIGHTS_FILE, WEIGHTS_SHA256
 from tests.integration.test_queue_contract import run_directly
 from tests.service import Service, trained
 
@@ -72,3 +74,22 @@ def test_the_worker_checks_the_start_again(service: Service, source: str) -> Non
     job = run_directly(service, json.dumps({**SMALL, "init_from": source}), "failed")
     assert job["error"]["code"] == "invalid_spec"
     assert f"init_from: job {source} has no trained weights" in job["error"]["message"]
+
+
+def test_pretrained_is_for_lite0_and_not_with_init_from(service: Service, source: str) -> None:
+    key = service.keys[0]
+    other = post(service, key, {**SMALL, "model": "resnet18", "pretrained": True})
+    both = post(service, key, {**SMALL, "model": "efficientnet_lite0", "pretrained": True,
+                               "init_from": source})  # fmt: skip
+    assert other.status_code == both.status_code == 422, other.text
+    assert "offered for efficientnet_lite0, not resnet18" in other.text
+    assert "pick one" in both.text
+
+
+def test_a_pretrained_lite0_job_trains_and_records_its_weights(service: Service) -> None:
+    c = service.client(service.keys[0])
+    spec = {**SMALL, "model": "efficientnet_lite0", "pretrained": True, "max_steps": 2,
+            "batch_size": 16, "backbone_lr_scale": 0.1}  # fmt: skip
+    job = trained(c, spec)
+    weights = c.record(job["id"])["pretrained_weights"]
+    assert weights["sha256"] == WEIGHTS_SHA256 and weights["file"] == WEIGHTS_FILE

@@ -18,6 +18,7 @@ from core.store import spec_hash
 from core.train import train
 from core.train.archs import build_model, classifier_parameters, freeze_backbone, start_from
 from core.train.data import load_dataset
+from core.train.pretrained import WEIGHTS_SHA256, imagenet_efficientnet_lite0
 from core.train.run import Run
 from tests.conftest import Recorder
 from tests.photos import write_photo_set
@@ -64,6 +65,30 @@ def test_backbone_options_need_a_job_to_start_from() -> None:
         JobSpec(init_from="../etc")
     job = "3F2C1E9A-0D4B-4C8E-9A57-2B1F0C6D7E88"
     assert JobSpec(init_from=job, freeze_backbone=True).init_from == job.lower()
+
+
+def test_pretrained_weights_are_for_lite0_and_a_start_of_their_own() -> None:
+    with pytest.raises(ValidationError, match="offered for efficientnet_lite0, not resnet18"):
+        JobSpec(model="resnet18", pretrained=True)
+    job = "3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"
+    with pytest.raises(ValidationError, match=r"pretrained and init_from .*: pick one"):
+        JobSpec(model="efficientnet_lite0", pretrained=True, init_from=job)
+    spec = JobSpec(model="efficientnet_lite0", pretrained=True, freeze_backbone=True)
+    assert spec.freeze_backbone and not JobSpec(model="efficientnet_lite0").pretrained
+    assert JobSpec(model="efficientnet_lite0", pretrained=True, backbone_lr_scale=0.1)
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 16), (3, 96, 96)])  # small stem and gray; standard
+def test_a_pretrained_lite0_starts_from_the_imagenet_weights(shape: tuple[int, int, int]) -> None:
+    imagenet = imagenet_efficientnet_lite0().state_dict()
+    spec = JobSpec(dataset="mnist-sample", model="efficientnet_lite0", pretrained=True)
+    own = build_model(spec, shape, 5).state_dict()
+    stem = imagenet["stem.0.weight"]
+    assert torch.equal(own["stem.0.weight"], stem if shape[0] == 3 else stem.sum(1, keepdim=True))
+    body = [k for k in own if not k.startswith(("stem.0.", "classifier."))]
+    assert len(body) > 200 and all(torch.equal(own[k], imagenet[k]) for k in body)
+    fresh = build_model(JobSpec(model="efficientnet_lite0"), shape, 5).state_dict()
+    assert not torch.equal(fresh["blocks.3.depthwise.0.weight"], own["blocks.3.depthwise.0.weight"])
 
 
 def test_a_step_that_needs_more_memory_than_a_worker_is_refused_with_what_fits() -> None:
@@ -141,12 +166,16 @@ def test_each_model_trains_resumes_exports_and_starts_another(
     arch: Architecture, tmp_path: Path
 ) -> None:
     name = write_photo_set(tmp_path, side=16, per_class=8)
+    pretrained = arch is Architecture.efficientnet_lite0  # the one with ImageNet weights
     spec = JobSpec(
-        dataset=name, model=arch, epochs=2, batch_size=8, max_steps=6, augment="photo", amp="bf16"
-    )
+        dataset=name, model=arch, epochs=2, batch_size=8, max_steps=6, augment="photo",
+        amp="bf16", pretrained=pretrained,
+    )  # fmt: skip
     rec = Recorder()
     first = train(spec, data_dir=tmp_path, callbacks=rec.callbacks())
     assert set(first.models) == set(ExportFormat), first.record["formats"]
+    weights = first.record["pretrained_weights"]
+    assert (weights and weights["sha256"]) == (WEIGHTS_SHA256 if pretrained else None)
     epoch, blob = rec.checkpoints[0]
     resumed = train(spec, data_dir=tmp_path, resume=blob, history=first.epochs[:epoch])
     assert resumed.steps == first.steps and set(resumed.models) == set(ExportFormat)
@@ -182,7 +211,7 @@ def saved_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
 
 
 @pytest.mark.parametrize("arch", TORCHVISION)
-@pytest.mark.parametrize("side", [16, 72])  # a small-input stem, then torchvision's own
+@pytest.mark.parametrize("side", [12, 72])  # a small-input stem, then the standard one
 def test_the_memory_estimate_covers_what_autograd_keeps(arch: Architecture, side: int) -> None:
     spec = JobSpec(dataset="ds:3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88", model=arch, batch_size=2)
     shape = (3, side, side)
@@ -190,3 +219,40 @@ def test_the_memory_estimate_covers_what_autograd_keeps(arch: Architecture, side
     kept = saved_bytes(model, torch.rand(2, *shape))
     estimate = step_memory(spec, shape, 10) - 16 * parameter_count(spec, shape, 10)
     assert kept <= estimate / 2 <= 2 * kept  # the estimate is twice what is kept, not far off
+
+
+@pytest.mark.parametrize(
+    "widths", [(32, 64, 0, 128), (512, 64, 0, 128), (32, 512, 0, 128), (64, 64, 256, 64)]
+)
+@pytest.mark.parametrize("side", [28, 96])
+def test_the_cnn_memory_estimate_covers_what_autograd_keeps(
+    widths: tuple[int, int, int, int], side: int
+) -> None:
+    c1, c2, c3, hidden = widths
+    spec = JobSpec(conv1_channels=c1, conv2_channels=c2, conv3_channels=c3, hidden=hidden,
+                   batch_size=2)  # fmt: skip
+    shape = (3, side, side)
+    model = build_model(spec, shape, 10)
+    kept = saved_bytes(model, torch.rand(2, *shape))
+    estimate = step_memory(spec, shape, 10) - 16 * parameter_count(spec, shape, 10)
+    assert 0.8 * kept <= estimate / 2 <= 1.5 * kept
+
+
+def test_a_cnn_too_wide_for_its_images_and_batch_is_refused() -> None:
+    """The cnn's parameters fit (25.7M), but its first block alone holds half a TiB."""
+    spec = JobSpec(dataset="ds:3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88", conv1_channels=512,
+                   conv2_channels=1024, conv3_channels=2048, hidden=1, batch_size=4096)  # fmt: skip
+    problem = model_too_large(spec, (3, 256, 256), 10)
+    assert problem is not None and "GiB a step" in problem
+    fits = int(problem.split("use batch_size ")[1].split()[0])
+    assert model_too_large(spec.model_copy(update={"batch_size": fits}), (3, 256, 256), 10) is None
+    assert model_too_large(spec.model_copy(update={"batch_size": fits + 1}), (3, 256, 256), 10)
+
+
+@pytest.mark.parametrize("side", [8, 9, 11])  # the deepest 5×5 convs meet 1 px, padded to 5
+def test_lite0s_estimate_covers_the_padding_of_tiny_images(side: int) -> None:
+    own = "ds:3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"
+    spec = JobSpec(dataset=own, model="efficientnet_lite0", batch_size=2)
+    shape = (3, side, side)
+    kept = saved_bytes(build_model(spec, shape, 10), torch.rand(2, *shape))
+    assert kept <= (step_memory(spec, shape, 10) - 16 * parameter_count(spec, shape, 10)) / 2
