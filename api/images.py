@@ -15,7 +15,7 @@ from typing import IO
 
 from PIL import Image, ImageOps, JpegImagePlugin
 
-from core.photos import wide_gray_to_8bit
+from core.photos import to_8bit
 
 MAX_SIDE = 4096  # pixels, either side of an image sent for prediction, checked before decoding
 # One image's pixels as Pillow holds them once decoded (4 bytes a pixel for RGB and RGBA),
@@ -185,15 +185,7 @@ def to_channels(img: Image.Image, channels: int, light_background: bool = False)
     """The image in the mode of a `channels`-channel model ("L" for 1, "RGB" for 3).
     Transparent pixels take the background's colour (black, or white for dark-on-light
     images); 16-bit grayscale is scaled to 8 bits, not clipped."""
-    mode = "L" if channels == 1 else "RGB"
-    img = wide_gray_to_8bit(img)  # convert("L") would clip everything above 255 to white
-    if img.mode in _ALPHA_MODES or "transparency" in img.info:
-        rgba = img.convert("RGBA")
-        colour = (255, 255, 255, 255) if light_background else (0, 0, 0, 255)
-        background = Image.new("RGBA", rgba.size, colour)
-        background.alpha_composite(rgba)
-        return background.convert(mode)
-    return img.convert(mode)
+    return to_8bit(img, channels, (255, 255, 255) if light_background else (0, 0, 0))
 
 
 def decode_image(

@@ -49,7 +49,9 @@ def mode_note(img: Image.Image) -> str | None:
     return None
 
 
-def to_8bit(img: Image.Image, channels: int) -> Image.Image:
+def to_8bit(
+    img: Image.Image, channels: int, background: tuple[int, int, int] = (0, 0, 0)
+) -> Image.Image:
     """The image as "L" (channels 1) or "RGB" (3). Transparent pixels are composited on
     black (alpha is not kept); 16-bit gray is scaled by 255/65535, never clipped; float gray
     in [0, 1] is scaled to [0, 255] (above 1: read as [0, 255], clipped)."""
@@ -57,9 +59,9 @@ def to_8bit(img: Image.Image, channels: int) -> Image.Image:
     img = wide_gray_to_8bit(img)
     if img.mode in _ALPHA_MODES or "transparency" in img.info:
         rgba = img.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
-        background.alpha_composite(rgba)
-        return background.convert(mode)
+        under = Image.new("RGBA", rgba.size, (*background, 255))
+        under.alpha_composite(rgba)
+        return under.convert(mode)
     return img.convert(mode)
 
 
