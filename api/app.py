@@ -14,7 +14,19 @@ from api.downloads import download_slots
 from api.events import IDLE_BLOCK_MS, EventHub
 from api.health_cache import HealthCache
 from api.images import DecodeBudget, give_back_large_buffers
-from api.routes import datasets, docs, health, jobs, predict, quotas, sweeps, web
+from api.routes import (
+    datasets,
+    docs,
+    health,
+    jobs,
+    model_serving,
+    predict,
+    quotas,
+    registry,
+    sweeps,
+    web,
+    webhooks,
+)
 from api.services.datasets import upload_slots
 from api.services.submitter import Submitter
 from api.services.sweeps import SweepReports
@@ -96,6 +108,9 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     app.include_router(datasets.router)
     app.include_router(quotas.router)
     app.include_router(sweeps.router)
+    app.include_router(registry.router)
+    app.include_router(model_serving.router)
+    app.include_router(webhooks.router)
     app.include_router(web.router)
     app.include_router(docs.router)
     return app

@@ -8,6 +8,7 @@ import logging
 from redis import Redis
 from redis.exceptions import RedisError
 
+from api.services.registry import not_while_registered
 from core.db import Database, Job
 from core.errors import JobActive
 from core.queue import remove_entries
@@ -32,13 +33,17 @@ def entry_ids(job: Job) -> list[str]:
 
 def delete_job(db: Database, r: Redis, *, queue: str, job: Job) -> None:
     """Delete the ended `job` (its row as read) and everything of it; JobActive while it is
-    queued or running. RedisError before the database is touched: nothing is deleted."""
+    queued or running, JobRegistered while it is a registered model's version (also checked
+    again in the deletion's transaction). RedisError before the database is touched:
+    nothing is deleted."""
     if not JobStatus(job.status).terminal:
         raise JobActive(
             f"job {job.id} is {job.status}: cancel it first (POST /jobs/{job.id}/cancel)"
         )
     if job.sweep_id is not None:
         _not_while_its_sweep_runs(db, job)
+    with db.reader() as s:
+        not_while_registered(s, job)
     remove_entries(r, queue=queue, entry_ids=entry_ids(job))
     with db.writer() as s:
         if not delete_ended_job(s, job_id=job.id):

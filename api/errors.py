@@ -20,11 +20,14 @@ from starlette.exceptions import HTTPException
 
 from api.images import DecodeBusy
 from core.errors import (
+    AliasChanged,
     AlreadyEnded,
     DatasetInUse,
+    EndpointDisabled,
     IdempotencyKeyReused,
     InvalidRequest,
     JobActive,
+    JobRegistered,
     ModelDamaged,
     ModelPurged,
     NoModel,
@@ -32,11 +35,13 @@ from core.errors import (
     NotFound,
     ProcessBusy,
     QuotaExceeded,
+    ReadOnlyModel,
     TooLarge,
     TooManyFollowers,
     TrainqError,
     Unavailable,
     UnsupportedMediaType,
+    VersionInUse,
 )
 from core.field_errors import readable
 
@@ -52,6 +57,11 @@ STATUS: dict[type[TrainqError], int] = {
     IdempotencyKeyReused: 409,
     JobActive: 409,
     DatasetInUse: 409,
+    JobRegistered: 409,
+    AliasChanged: 409,
+    VersionInUse: 409,
+    ReadOnlyModel: 403,
+    EndpointDisabled: 409,
     ModelPurged: 410,
     TooLarge: 413,
     UnsupportedMediaType: 415,
@@ -108,7 +118,15 @@ def _install_bad_input(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def refused_by_route(request: Request, exc: HTTPException) -> Response:
         """A refusal of FastAPI's or of a body reader's, as FastAPI answers it, its detail
-        made JSON-safe: a detail may quote what the client sent."""
+        made JSON-safe: a detail may quote what the client sent. A form whose files could
+        not be spooled (the temporary folder full or not writable) is this machine's
+        fault, not the body's: 503, as a download that cannot be staged answers."""
+        if exc.status_code == 400 and isinstance(exc.__cause__, OSError):
+            what = (
+                "the API has no room to take the upload (its temporary folder is full or "
+                "not writable)"
+            )
+            return _unavailable(what, exc.__cause__)
         safe = HTTPException(exc.status_code, _json_safe(exc.detail), exc.headers)
         return await http_exception_handler(request, safe)
 

@@ -7,8 +7,45 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from core.labels import LABEL_FIELDS, Labels, Name, Notes, Tags
 from core.quotas import Limits, Usage
-from core.spec import ExportFormat, JobStatus
+from core.spec import ExportFormat, JobSpec, JobStatus
+from core.sweeps.spec import SweepSpec
+
+
+class JobRequest(JobSpec):
+    """POST /jobs's body: a JobSpec and, beside it, the job's name, tags and notes (core.labels:
+    no part of the spec, nor of its hash). Every other field is the spec's, and unknown ones
+    are refused."""
+
+    name: Name = None
+    tags: Tags = ()
+    notes: Notes = None
+
+    def spec(self) -> JobSpec:
+        """The spec alone, as validated (no second validation)."""
+        fields = {k: getattr(self, k) for k in JobSpec.model_fields}
+        return JobSpec.model_construct(self.model_fields_set - set(LABEL_FIELDS), **fields)
+
+    def labels(self) -> Labels:
+        return Labels.model_construct(name=self.name, tags=self.tags, notes=self.notes)
+
+
+class SweepRequest(SweepSpec):
+    """POST /sweeps's body: a SweepSpec and the sweep's name, tags and notes (core.labels).
+    Each trial starts with the sweep's tags, and is named after it ("<name> #<trial>")."""
+
+    name: Name = None
+    tags: Tags = ()
+    notes: Notes = None
+
+    def spec(self) -> SweepSpec:
+        fields = {k: getattr(self, k) for k in SweepSpec.model_fields}
+        return SweepSpec.model_construct(self.model_fields_set - set(LABEL_FIELDS), **fields)
+
+    def labels(self) -> Labels:
+        return Labels.model_construct(name=self.name, tags=self.tags, notes=self.notes)
+
 
 # The database's step columns are 32-bit integers: no cursor past this names a step.
 
@@ -62,6 +99,9 @@ class Links(BaseModel):
 class JobOut(BaseModel):
     id: str
     status: JobStatus
+    name: str | None = Field(None, description="What people call it; not unique.")
+    tags: list[str] = Field(default_factory=list, description="Its tags, in the order given.")
+    notes: str | None = Field(None, description="Why it was run.")
     spec: dict[str, Any]
     created_at: dt.datetime
     started_at: dt.datetime | None
@@ -290,6 +330,9 @@ class SweepBudget(BaseModel):
 class SweepOut(BaseModel):
     id: str
     status: str = Field(description="running, succeeded, failed (no trial completed), canceled.")
+    name: str | None = None
+    tags: list[str] = Field(default_factory=list, description="Each new trial starts with them.")
+    notes: str | None = None
     spec: dict[str, Any] = Field(description="The sweep as submitted.")
     objective: dict[str, str]
     created_at: dt.datetime

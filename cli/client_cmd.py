@@ -9,6 +9,7 @@ See docs/api.md ("The CLI")."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from tqdm import tqdm
 
 from cli.options import spec_from_args
 from cli.problems import shown
+from cli.table import aligned
 from client.http import Client
 from core.config import Settings
 from core.spec import ExportFormat, JobStatus
@@ -44,22 +46,59 @@ def client(args: argparse.Namespace) -> Client:
 def submit_command(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     with client(args) as c:
-        job = c.submit(spec.model_dump(mode="json", exclude_defaults=True), args.idempotency_key)
+        job = c.submit(
+            spec.model_dump(mode="json", exclude_defaults=True),
+            args.idempotency_key,
+            name=args.name,
+            tags=args.tags,
+            notes=args.notes,
+        )
         print(job["id"])
         return _watch(c, job["id"]) if args.wait else 0
 
 
+LS_HEADER = ["id", "status", "name", "tags", "accuracy", "img/s", "created"]
+NAME_SHOWN = 32
+
+
 def ls_command(args: argparse.Namespace) -> int:
     with client(args) as c:
-        print(f"{'id':36}  {'status':9}  {'accuracy':>8}  {'img/s':>8}  created")
-        for i, job in enumerate(c.jobs(status=args.status)):
-            if i >= args.limit:
-                break
-            res = job["result"] or {}
-            acc = f"{res['test_accuracy']:.4f}" if res else "-"
-            ips = f"{res['images_per_second']:,.0f}" if res else "-"
-            print(f"{job['id']}  {job['status']:9}  {acc:>8}  {ips:>8}  {job['created_at']}")
+        sweep_id = c.find_sweep_id(args.sweep_id) if args.sweep_id else None
+        found = c.jobs(
+            status=args.status,
+            limit=min(max(args.limit, 1), 200),
+            sweep_id=sweep_id,
+            tags=args.tags,
+            name=args.name,
+            dataset=args.dataset,
+            model=args.model,
+            created_after=args.since,
+            created_before=args.until,
+            sort=args.sort,
+        )
+        rows = [ls_row(job) for job in itertools.islice(found, args.limit)]
+    print("\n".join(aligned([LS_HEADER, *rows])))
     return 0
+
+
+def ls_row(job: dict[str, Any]) -> list[str]:
+    """A job's line: a sweep's trial is marked with its sweep's first characters and number
+    when it has no name of its own."""
+    res = job["result"] or {}
+    name = job["name"] or ""
+    if job.get("sweep") and not name:
+        name = f"(sweep {job['sweep']['id'][:8]} #{job['sweep']['trial']})"
+    if len(name) > NAME_SHOWN:
+        name = name[: NAME_SHOWN - 1] + "…"
+    return [
+        job["id"],
+        job["status"],
+        shown(name) or "-",
+        shown(",".join(job["tags"])) or "-",
+        f"{res['test_accuracy']:.4f}" if res else "-",
+        f"{res['images_per_second']:,.0f}" if res else "-",
+        job["created_at"],
+    ]
 
 
 def watch_command(args: argparse.Namespace) -> int:

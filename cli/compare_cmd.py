@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
 from cli.client_cmd import client
 from cli.table import aligned, cell
 from client.http import Client
-from core.spec import JobSpec
+from core.spec import BEFORE_FIELD, JobSpec
 
 # Each final metric and how it is shown.
 METRICS = {
@@ -42,8 +44,11 @@ def final_metrics(c: Client, job: dict[str, Any]) -> dict[str, Any]:
 
 def full_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """With JobSpec's defaults under it, so that a field left out compares equal to its
-    default. Not validated: a spec stored before a rule that refuses it still compares."""
-    return {**JobSpec().model_dump(mode="json"), **spec}
+    default; a field the row was stored without means what it did then (BEFORE_FIELD), as
+    the worker reads it. Not validated: a spec stored before a rule that refuses it still
+    compares."""
+    before = {k: v for k, v in to_jsonable_python(BEFORE_FIELD).items() if k not in spec}
+    return {**JobSpec().model_dump(mode="json"), **before, **spec}
 
 
 def spec_diff(specs: list[dict[str, Any]]) -> tuple[list[str], int]:

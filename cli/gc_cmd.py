@@ -8,7 +8,7 @@ import sys
 
 from core.config import Settings
 from core.db import Database
-from core.retention import KINDS, Footprint, collect, plan
+from core.retention import KINDS, Footprint, collect, kept_registered, plan
 
 
 def gc_command(args: argparse.Namespace) -> int:
@@ -27,9 +27,12 @@ def gc_command(args: argparse.Namespace) -> int:
             footprint = plan(db, older_than_days=days)
         else:
             footprint = collect(db, older_than_days=days, batch=settings.retention_batch)
+        kept = kept_registered(db, older_than_days=days)
     finally:
         db.dispose()
     print(report(footprint, days, dry_run=args.dry_run))
+    if kept:
+        print(f"kept {kept} jobs as old whose models are registered versions (docs/registry.md)")
     return 0
 
 

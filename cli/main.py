@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from cli import options
+from cli import options, resource_options
 
 Runner = Callable[[argparse.Namespace], int]
 
@@ -25,6 +25,9 @@ class Command:
     help: str
     options: Callable[[argparse.ArgumentParser], None]
     run: str  # "module:function", imported when the command runs
+    # Options whose value may start with "-" (`ls --sort -test_accuracy`), which argparse
+    # would otherwise read as an option of its own.
+    dashed: tuple[str, ...] = ()
 
     def runner(self) -> Runner:
         module, _, name = self.run.partition(":")
@@ -35,7 +38,21 @@ COMMANDS = {
     "submit": Command(
         "Submit a training job to the API.", options.submit_options, "cli.client_cmd:submit_command"
     ),
-    "ls": Command("List jobs, newest first.", options.ls_options, "cli.client_cmd:ls_command"),
+    "ls": Command(
+        "List jobs: newest first, or by --sort; filtered by status, tag, name, data set, ...",
+        options.ls_options,
+        "cli.client_cmd:ls_command",
+        dashed=("--sort",),
+    ),
+    "tag": Command(
+        "Add (+TAG) or take off (-TAG) a job's tags.",
+        options.tag_options,
+        "cli.label_cmd:tag_command",
+    ),
+    "rename": Command("Name a job.", options.rename_options, "cli.label_cmd:rename_command"),
+    "note": Command(
+        "Write why a job was run (its notes).", options.note_options, "cli.label_cmd:note_command"
+    ),
     "watch": Command(
         "Follow a job live: progress bar, epochs, a loss sparkline.",
         options.job_options,
@@ -70,6 +87,18 @@ COMMANDS = {
         options.predict_options,
         "cli.classes_cmd:predict_command",
     ),
+    "model": Command(
+        "The model registry: register a job's model as a named model's version, list, "
+        "move aliases, download and predict by NAME@ALIAS or NAME/VERSION.",
+        resource_options.model_options,
+        "cli.model_cmd:model_command",
+    ),
+    "webhook": Command(
+        "Signed webhooks: `webhook add URL --event job.succeeded`, `ls`, `rm`, `test`, "
+        "`deliveries`, `enable`.",
+        resource_options.webhook_options,
+        "cli.webhook_cmd:webhook_command",
+    ),
     "usage": Command(
         "Show the key's quotas and what it uses of them (an admin key: every key's).",
         options.api_options,
@@ -96,7 +125,7 @@ COMMANDS = {
     "data": Command(
         "Install a built-in data set (mnist, fashion-mnist), verified against its pins; "
         "upload a folder or archive of your own.",
-        options.data_options,
+        resource_options.data_options,
         "cli.data_cmd:data_command",
     ),
     "gc": Command(
@@ -139,8 +168,21 @@ def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def glued(argv: list[str]) -> list[str]:
+    """`--sort -x` as `--sort=-x`, for the chosen command's `dashed` options."""
+    command = COMMANDS.get(argv[0]) if argv else None
+    dashed = command.dashed if command else ()
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in dashed and arg.startswith("-"):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = glued(sys.argv[1:] if argv is None else list(argv))
     args = parser_for(argv).parse_args(argv)
     try:
         return COMMANDS[args.command].runner()(args)

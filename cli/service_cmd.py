@@ -88,13 +88,15 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 def _serve(settings: Settings, workers: int = 1) -> int:
-    """The API, in `workers` processes behind one port, and one reconciler beside them."""
+    """The API, in `workers` processes behind one port, and one reconciler and one webhook
+    dispatcher beside them."""
     import uvicorn
 
     from cli.local.redis_server import redis_url
 
     url = redis_url(settings)
     _reconcile_in_background(settings, url)
+    _deliver_webhooks_in_background(settings)
     host, port = settings.host, settings.port
     if workers == 1:
         from api.app import create_app
@@ -162,6 +164,15 @@ def _reconcile_in_background(settings: Settings, redis_url: str) -> None:
                 log.exception("reconcile pass failed")
 
     threading.Thread(target=loop, name="trainq-reconcile", daemon=True).start()
+
+
+def _deliver_webhooks_in_background(settings: Settings) -> None:
+    """Every `trainq serve` delivers webhooks from the outbox (`trainq up` and the compose
+    file's api service run one): any number of dispatchers may run, each claim a guarded
+    update, so more API replicas are more dispatchers, and none is a single point."""
+    from core.webhooks.dispatcher import start_in_thread
+
+    start_in_thread(settings)
 
 
 def worker_command(args: argparse.Namespace) -> int:

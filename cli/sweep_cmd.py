@@ -38,7 +38,9 @@ def start(args: argparse.Namespace) -> int:
         return 2
     with client(args) as c:
         try:
-            sweep = c.create_sweep(body, args.idempotency_key)
+            sweep = c.create_sweep(
+                body, args.idempotency_key, name=args.name, tags=args.tags, notes=args.notes
+            )
         except ApiError as e:
             return refused(e, "the sweep")
         if args.detach:

@@ -1,33 +1,32 @@
 """A small Python client for trainq's HTTP API (used by the `trainq` CLI): `Client` submits,
 lists, follows (Server-Sent Events, resumed after a disconnect), cancels, deletes and
-downloads jobs (sha256-checked), and reads sweeps, data sets and quotas. See docs/queue.md
+downloads jobs (sha256-checked), and reads sweeps and quotas; the data sets' calls are
+client.datasets', the model registry's client.registry's, and ids given by their first
+characters are found by client.ids. See docs/queue.md
 ("Through the HTTP API") and docs/api.md."""
 
 from __future__ import annotations
 
 import hashlib
-import itertools
-import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any, cast
 
 import httpx
 
-from client.uploads import CountingReader, Progress, default_name, upload_file
+from client.datasets import DatasetCalls
+from client.ids import CANDIDATES_SHOWN, IdNotFound, whole_id
+
+__all__ = ["ApiError", "Client", "Downloaded", "IdNotFound", "whole_id"]
+from client.registry import RegistryCalls
+from client.sse import parse_sse
 from core.spec import TERMINAL
 
-WHOLE_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-MIN_ID_PREFIX = 4  # the API's own minimum (api.access.IdPrefix)
-ID_PREFIX = re.compile(rf"^[0-9a-f-]{{{MIN_ID_PREFIX},36}}$")
-CANDIDATES_SHOWN = 5  # of an ambiguous prefix
 # The most a download writes: a server that is not trainq's could send an endless body.
 MAX_DOWNLOAD_BYTES = 2 << 30
-# An upload's answer comes once the API has checked every image: minutes for a large set.
-UPLOAD_READ_TIMEOUT = 900.0
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -38,11 +37,6 @@ class Downloaded:
 
     sha256: str
     verified: bool
-
-
-class IdNotFound(LookupError):
-    """No job (or sweep) of the key's has an id that starts so, or several have: the
-    message says which, and what to give instead."""
 
 
 class ApiError(Exception):
@@ -63,7 +57,7 @@ class ApiError(Exception):
         self.retry_after = retry_after
 
 
-class Client:
+class Client(DatasetCalls, RegistryCalls):
     def __init__(self, base_url: str, api_key: str, timeout: float = 30.0) -> None:
         self.http = httpx.Client(
             base_url=base_url,
@@ -99,9 +93,29 @@ class Client:
         """The JSON object that every route but /epochs answers."""
         return cast(dict[str, Any], self._json(resp))
 
-    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit(
+        self,
+        spec: dict[str, Any],
+        idempotency_key: str | None = None,
+        *,
+        name: str | None = None,
+        tags: Sequence[str] = (),
+        notes: str | None = None,
+    ) -> dict[str, Any]:
+        """Submit a job of `spec`, named, tagged and annotated (no part of the spec: the
+        same spec under the same key is the same job, whatever its labels)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._object(self.http.post("/jobs", json=spec, headers=headers))
+        body = {**spec, **_labels(name, tags, notes)}
+        return self._object(self.http.post("/jobs", json=body, headers=headers))
+
+    def relabel(self, job_id: str, **changes: Any) -> dict[str, Any]:
+        """PATCH the job's labels: `name=`, `notes=` (None removes it), `tags=` (all of
+        them), `add_tags=`, `remove_tags=`; what is left out stays."""
+        return self._object(self.http.patch(f"/jobs/{job_id}", json=changes))
+
+    def relabel_sweep(self, sweep_id: str, **changes: Any) -> dict[str, Any]:
+        """As `relabel`, for a sweep (its trials keep their own)."""
+        return self._object(self.http.patch(f"/sweeps/{sweep_id}", json=changes))
 
     def find_job_id(self, given: str) -> str:
         """The whole id of the key's job whose id is `given` or starts with it (as git and
@@ -121,21 +135,36 @@ class Client:
 
     def jobs(
         self,
-        status: str | None = None,
+        status: str | Sequence[str] | None = None,
         limit: int = 50,
         sweep_id: str | None = None,
         id_prefix: str | None = None,
+        *,
+        tags: Sequence[str] = (),
+        name: str | None = None,
+        dataset: str | None = None,
+        model: str | None = None,
+        created_after: str | None = None,
+        created_before: str | None = None,
+        sort: str | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Every job (of one sweep, with `sweep_id`; whose id starts with `id_prefix`),
-        newest first, following the cursors."""
-        params: dict[str, Any] = {"limit": limit}
-        if status:
-            params["status"] = status
-        if sweep_id:
-            params["sweep_id"] = sweep_id
-        if id_prefix:
-            params["id_prefix"] = id_prefix
-        return self._pages("/jobs", params)
+        """Every job that the filters keep (any of `status`, every one of `tags`, names
+        that start with `name`, ...), in `sort`'s order (default newest first: `-created`;
+        `-test_accuracy` the best first), following the cursors. Times are ISO 8601."""
+        given = {
+            "status": [status] if isinstance(status, str) else list(status or ()),
+            "tag": list(tags),
+            "sweep_id": sweep_id,
+            "id_prefix": id_prefix,
+            "name": name,
+            "dataset": dataset,
+            "model": model,
+            "created_after": created_after,
+            "created_before": created_before,
+            "sort": sort,
+        }
+        params = {k: v for k, v in given.items() if v not in (None, [])}
+        return self._pages("/jobs", {**params, "limit": limit})
 
     def metrics(self, job_id: str, after: int = 0, limit: int = 1000) -> dict[str, Any]:
         return self._object(
@@ -168,14 +197,16 @@ class Client:
     ) -> dict[str, Any]:
         """The job's model on image files (paths, or their bytes): per image its `label`
         and the `k` most probable labels with their probabilities (`top`)."""
+        return self._predict(f"/jobs/{job_id}/predict", images, {} if k is None else {"k": k})
+
+    def _predict(
+        self, path: str, images: list[str | Path | bytes], params: dict[str, Any]
+    ) -> dict[str, Any]:
         files = [
             ("files", (f"image{i}", im if isinstance(im, bytes) else Path(im).read_bytes()))
             for i, im in enumerate(images)
         ]
-        params = {} if k is None else {"k": k}
-        return self._object(
-            self.http.post(f"/jobs/{job_id}/predict", files=files, params=params, timeout=120)
-        )
+        return self._object(self.http.post(path, files=files, params=params, timeout=120))
 
     def usage(self) -> dict[str, Any]:
         """The key's limits and what it uses of them (`caller`); for an admin key, every
@@ -195,12 +226,20 @@ class Client:
         return self._object(self.http.delete(f"/quotas/{owner}"))
 
     def create_sweep(
-        self, sweep: dict[str, Any], idempotency_key: str | None = None
+        self,
+        sweep: dict[str, Any],
+        idempotency_key: str | None = None,
+        *,
+        name: str | None = None,
+        tags: Sequence[str] = (),
+        notes: str | None = None,
     ) -> dict[str, Any]:
         """Start a sweep: {"base": JobSpec, "space": {...}, "objective", "sampler", "pruner",
-        "trials", "parallel"}; its first trials are queued at once."""
+        "trials", "parallel"}; its first trials are queued at once, each with the sweep's
+        tags and named after it."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._object(self.http.post("/sweeps", json=sweep, headers=headers))
+        body = {**sweep, **_labels(name, tags, notes)}
+        return self._object(self.http.post("/sweeps", json=body, headers=headers))
 
     def sweep(self, sweep_id: str) -> dict[str, Any]:
         return self._object(self.http.get(f"/sweeps/{sweep_id}"))
@@ -211,48 +250,6 @@ class Client:
         if id_prefix:
             params["id_prefix"] = id_prefix
         return self._pages("/sweeps", params)
-
-    def upload_dataset(
-        self,
-        path: str | Path,
-        *,
-        name: str | None = None,
-        image_size: int | None = None,
-        fit: str | None = None,
-        val_fraction: float | None = None,
-        skip_bad: bool = False,
-        progress: Progress | None = None,
-    ) -> dict[str, Any]:
-        """Upload a data set: a .zip, .tar.gz or .npz file, or a folder of class folders
-        (archived on the fly into a temporary tar.gz). `progress(n)` hears each chunk's n
-        bytes as it is sent. The answer is the set as `dataset(id)` shows it; a refusal is
-        an ApiError (422 naming what was wrong, 413 past a bound)."""
-        path = Path(path)
-        fields = {
-            "name": name or default_name(path),
-            "image_size": image_size,
-            "fit": fit,
-            "val_fraction": val_fraction,
-            "skip_bad": "true" if skip_bad else None,
-        }
-        data = {k: str(v) for k, v in fields.items() if v is not None}
-        timeout = httpx.Timeout(self.http.timeout.connect, read=UPLOAD_READ_TIMEOUT)
-        with upload_file(path) as (sent_as, f):
-            reader = cast(IO[bytes], CountingReader(f, progress))  # read, seek, tell, fileno
-            file = (sent_as, reader, "application/octet-stream")
-            resp = self.http.post("/datasets", data=data, files={"file": file}, timeout=timeout)
-        return self._object(resp)
-
-    def dataset(self, dataset_id: str) -> dict[str, Any]:
-        """One data set (its id, or `ds:<id>`): classes, counts, mean/std, preprocessing."""
-        given = dataset_id.strip().lower().removeprefix("ds:")
-        if not WHOLE_ID.match(given):
-            raise IdNotFound(f"{dataset_id!r} is not a data set id (a uuid, or ds:<uuid>)")
-        return self._object(self.http.get(f"/datasets/{given}"))
-
-    def datasets(self) -> list[dict[str, Any]]:
-        """The key's data sets, newest first (an admin key: everyone's)."""
-        return cast(list[dict[str, Any]], self._json(self.http.get("/datasets")))
 
     def _pages(self, path: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Every item of a listing, page after page, following its cursors."""
@@ -275,7 +272,7 @@ class Client:
                     if resp.status_code >= 400:
                         resp.read()
                         self._json(resp)
-                    for event in _parse_sse(resp.iter_lines()):
+                    for event in parse_sse(resp.iter_lines()):
                         yield event["data"]
                         if event["data"]["status"] != "running":
                             return
@@ -301,7 +298,7 @@ class Client:
                     if resp.status_code >= 400:
                         resp.read()
                         self._json(resp)
-                    for event in _parse_sse(resp.iter_lines()):
+                    for event in parse_sse(resp.iter_lines()):
                         last_event_id = event["id"]
                         yield event
                         if event["event"] == "status" and event["data"].get("status") in TERMINAL:
@@ -324,9 +321,16 @@ class Client:
         `default_format`) to `path`, checking its sha256 against the ETag where the API
         sent one. A body past `max_bytes` is refused; nothing is left at `path` then, nor
         when the sha256 differs."""
+        params = {"format": format} if format else {}
+        return self._download(f"/jobs/{job_id}/model", params, path, max_bytes)
+
+    def _download(
+        self, url: str, params: dict[str, str], path: Path, max_bytes: int | None
+    ) -> Downloaded:
+        max_bytes = MAX_DOWNLOAD_BYTES if max_bytes is None else max_bytes
         tmp = path.with_suffix(path.suffix + ".part")
         try:
-            sha256, expected = self._stream_model(job_id, tmp, format, max_bytes)
+            sha256, expected = self._stream_model(url, params, tmp, max_bytes)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -337,12 +341,11 @@ class Client:
         return Downloaded(sha256, verified=expected is not None)
 
     def _stream_model(
-        self, job_id: str, tmp: Path, format: str | None, max_bytes: int
+        self, url: str, params: dict[str, str], tmp: Path, max_bytes: int
     ) -> tuple[str, str | None]:
         """The body written to `tmp`: its sha256, and the one the ETag gives (or None)."""
         digest, size = hashlib.sha256(), 0
-        params = {"format": format} if format else {}
-        with self.http.stream("GET", f"/jobs/{job_id}/model", params=params) as resp:
+        with self.http.stream("GET", url, params=params) as resp:
             if resp.status_code >= 400:
                 resp.read()
                 self._json(resp)
@@ -360,41 +363,7 @@ class Client:
         return digest.hexdigest(), etag if SHA256.match(etag) else None
 
 
-def whole_id(kind: str, given: str, listing: Callable[[str], Iterator[dict[str, Any]]]) -> str:
-    """The one id of `listing(prefix)` (the caller's own, listed by the API) that starts
-    with `given`. A whole id is taken as it is: the route it goes to says if it is missing."""
-    prefix = given.strip().lower()
-    if WHOLE_ID.match(prefix):
-        return prefix
-    if not ID_PREFIX.match(prefix):
-        raise IdNotFound(
-            f"{given!r} is not a {kind} id: give the id or its first {MIN_ID_PREFIX} "
-            "characters or more (hex digits)"
-        )
-    found = [str(item["id"]) for item in itertools.islice(listing(prefix), CANDIDATES_SHOWN + 1)]
-    if not all(WHOLE_ID.match(i) and i.startswith(prefix) for i in found):
-        # It becomes a file's name (`trainq download`): only an id may.
-        raise IdNotFound(f"the API listed {found!r} for {given}: not {kind} ids")
-    if not found:
-        raise IdNotFound(f"no {kind} {given}")
-    if len(found) > 1:
-        shown = ", ".join(found[:CANDIDATES_SHOWN])
-        more = " and more" if len(found) > CANDIDATES_SHOWN else ""
-        raise IdNotFound(f"{kind} id {given} is ambiguous: {shown}{more}; give more of it")
-    return found[0]
-
-
-def _parse_sse(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
-    event: dict[str, Any] = {}
-    for line in lines:
-        if not line:
-            if "data" in event:
-                event["data"] = json.loads(event["data"])
-                event.setdefault("event", "message")
-                yield event
-            event = {}
-        elif line.startswith(":"):
-            continue
-        else:
-            field, _, value = line.partition(":")
-            event[field] = value.removeprefix(" ")
+def _labels(name: str | None, tags: Sequence[str], notes: str | None) -> dict[str, Any]:
+    """The labels given, to send beside a spec (those not given are left out of the body)."""
+    given = {"name": name, "tags": list(tags) or None, "notes": notes}
+    return {k: v for k, v in given.items() if v is not None}

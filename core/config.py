@@ -199,6 +199,25 @@ class Settings(BaseSettings):
         100, ge=1, description="Jobs the retention pass purges per reconcile pass at most."
     )
 
+    # Signed webhooks (core.webhooks): where they may go, how long one may take.
+    webhook_allow_hosts: str = Field(
+        "",
+        description="Comma-separated host names and address ranges (CIDR, or one address) "
+        "that webhooks may reach although they are loopback, private, link-local or "
+        "otherwise internal: every other such address is refused.",
+    )
+    webhook_max_endpoints_per_key: int = Field(
+        20, ge=1, le=1000, description="Webhook endpoints one key may register; more answer 429."
+    )
+    webhook_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=60,
+        description="A webhook delivery (connect, send, the answer's first few KiB) ends "
+        "within this long, or fails and is retried. A delivery whose dispatcher died is "
+        "taken again six times this long after it was taken (its lease).",
+    )
+
     @field_validator("data_dir")
     @classmethod
     def _expand(cls, v: Path) -> Path:

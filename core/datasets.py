@@ -75,6 +75,9 @@ def checked_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
         raise DatasetTooLarge(
             f"the zip holds {total} bytes uncompressed: at most {MAX_UNCOMPRESSED_BYTES} (1 GiB)"
         )
+    # Entries that share their compressed data (overlapping, or one named many times) each
+    # pass their own ratio; all of them together must pass it against the zip's own size.
+    check_ratio(total, _zip_size(zf), "the zip")
     out = []
     for info in infos:
         name = info.filename
@@ -86,6 +89,12 @@ def checked_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
             continue
         out.append(info)
     return out
+
+
+def _zip_size(zf: zipfile.ZipFile) -> int:
+    """The bytes of the zip file itself."""
+    assert zf.fp is not None  # open: its directory was just read
+    return zf.fp.seek(0, io.SEEK_END)
 
 
 def check_ratio(expanded: int, packed: int, what: str) -> None:

@@ -289,6 +289,13 @@ class IdempotencyKeyReused(TrainqError):
     code = "idempotency_key_reused"
 
 
+class EndpointDisabled(TrainqError):
+    """A test event for a webhook endpoint that takes no deliveries now: disabled by its key,
+    or marked failing; enable it first."""
+
+    code = "endpoint_disabled"
+
+
 class InvalidRequest(TrainqError):
     """A request that parses but is refused field by field; `problems` are shaped as
     FastAPI's validation errors (`loc`, `msg`, `type`)."""
@@ -316,3 +323,29 @@ class Unavailable(TrainqError):
     """The API cannot answer now through no fault of the client's: retry shortly."""
 
     code = "unavailable"
+
+
+class JobRegistered(TrainqError):
+    """DELETE of a job whose model is a version of a registered model: the version must
+    outlive it, so the version goes first (core.store.registry)."""
+
+    code = "job_registered"
+
+
+class AliasChanged(TrainqError):
+    """An alias move whose `expected_version` is not where the alias points now: another
+    move came first."""
+
+    code = "alias_changed"
+
+
+class VersionInUse(TrainqError):
+    """DELETE of a model version, or of a model, that an alias still points at."""
+
+    code = "version_in_use"
+
+
+class ReadOnlyModel(TrainqError):
+    """A write (register, move an alias, delete) to a model shared with this key read-only."""
+
+    code = "read_only_model"

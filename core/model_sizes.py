@@ -51,18 +51,25 @@ def parameter_count(spec: JobSpec, image_shape: tuple[int, int, int], num_classe
     `image_shape` (C, H, W)."""
     c, h, w = image_shape
     arch = ARCHS.get(spec.model)
-    if arch is not None:
-        k = arch.stem_kernel[0 if max(h, w) <= SMALL_INPUT else 1]
+    if arch is not None:  # pretrained weights keep the standard stem's kernels on small images
+        k = arch.stem_kernel[0 if max(h, w) <= SMALL_INPUT and not spec.pretrained else 1]
         return arch.body + arch.stem_out * k * k * c + (arch.head_in + 1) * num_classes
     c1, c2, c3 = spec.conv1_channels, spec.conv2_channels, spec.conv3_channels
     n = c * c1 * 9 + 2 * c1 + c1 * c2 * 9 + 2 * c2  # convs (no bias) and their BatchNorms
-    h, w, last = h // 4, w // 4, c2
     if c3:
         n += c2 * c3 * 9 + 2 * c3
-        if min(h, w) >= 2:
-            h, w = h // 2, w // 2
-        last = c3
-    return n + last * h * w * spec.hidden + spec.hidden + spec.hidden * num_classes + num_classes
+    fc1 = cnn_features(spec, image_shape) * spec.hidden + spec.hidden
+    return n + fc1 + spec.hidden * num_classes + num_classes
+
+
+def cnn_features(spec: JobSpec, image_shape: tuple[int, int, int]) -> int:
+    """The inputs of the cnn's fc1 (core.train.model.Net): the last block's channels times
+    its map, pooled twice, and once more by a third block unless that would leave under 1 px."""
+    _, h, w = image_shape
+    h, w = h // 4, w // 4
+    if spec.conv3_channels and min(h, w) >= 2:
+        h, w = h // 2, w // 2
+    return (spec.conv3_channels or spec.conv2_channels) * h * w
 
 
 def _saved_per_image(spec: JobSpec, image_shape: tuple[int, int, int]) -> int:

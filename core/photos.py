@@ -6,6 +6,8 @@ See docs/datasets.md ("Photos")."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import numpy.typing as npt
 from PIL import Image
@@ -19,6 +21,8 @@ SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 # (api.images sets it to 2×4096×4096), which in turn refuses past twice that.
 MAX_PIXELS = 32_000_000
 REDUCING_GAP = 3.0  # Pillow reduces by whole factors first, down to 3 times the target
+# Rows of a 16-bit or 32-bit gray image made 8-bit at once (wide_gray_to_8bit).
+WIDE_STRIP_ROWS = 128
 GRAY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 _ALPHA_MODES = frozenset({"RGBA", "LA", "La", "RGBa", "PA"})
 
@@ -69,21 +73,39 @@ def wide_gray_to_8bit(img: Image.Image) -> Image.Image:
     """16-bit or 32-bit integer gray scaled by 255/65535, float gray in [0, 1] by 255 (above
     1: read as [0, 255]; NaN as 0), as "L", or "LA" where a transparency key marks pixels
     transparent; Pillow's own conversions would clip the values at 255 first. Any other
-    image as it is."""
+    image as it is. Converted WIDE_STRIP_ROWS rows at a time: beside the decoded pixels, only
+    the 8-bit result and one strip's float64 values are held (a 32-Mpixel image compresses to
+    a few hundred KiB, and whole-image float64 copies of it would take gigabytes)."""
     if not (img.mode.startswith("I") or img.mode == "F"):
         return img
-    values = np.asarray(img.convert("F" if img.mode == "F" else "I"), dtype=np.float64)
+    floats = img.mode == "F"
     key = img.info.get("transparency")
-    if img.mode == "F":
-        values = np.nan_to_num(values, nan=0.0, posinf=255.0, neginf=0.0)
-        finite_high = float(values.max()) if values.size else 0.0
-        scaled = values * 255 if finite_high <= 1.0 else values
-    else:
-        scaled = values / 257
-    gray = Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), "L")
-    if isinstance(key, int) and img.mode != "F":
-        gray.putalpha(Image.fromarray(np.where(values == key, 0, 255).astype(np.uint8), "L"))
-    return gray
+    keyed = isinstance(key, int) and not floats
+    high = max((float(v.max()) for v in _wide_strips(img)), default=0.0) if floats else 0.0
+    gray = np.empty((img.height, img.width), np.uint8)
+    alpha = np.empty_like(gray) if keyed else None
+    for top, values in zip(range(0, img.height, WIDE_STRIP_ROWS), _wide_strips(img), strict=True):
+        rows = slice(top, top + len(values))
+        scaled = (values * 255 if high <= 1.0 else values) if floats else values / 257
+        gray[rows] = np.clip(np.rint(scaled), 0, 255)
+        if alpha is not None:
+            alpha[rows] = np.where(values == key, 0, 255)
+    out = Image.fromarray(gray, "L")
+    if alpha is not None:
+        out.putalpha(Image.fromarray(alpha, "L"))
+    return out
+
+
+def _wide_strips(img: Image.Image) -> Iterator[npt.NDArray[np.float64]]:
+    """A wide gray image's rows, WIDE_STRIP_ROWS at a time, as float64 ("F" with NaN as 0
+    and infinities as 255 and 0; the integer modes as "I")."""
+    mode = "F" if img.mode == "F" else "I"
+    for top in range(0, img.height, WIDE_STRIP_ROWS):
+        strip = img.crop((0, top, img.width, min(top + WIDE_STRIP_ROWS, img.height)))
+        values = np.asarray(strip.convert(mode), dtype=np.float64)
+        if mode == "F":
+            values = np.nan_to_num(values, nan=0.0, posinf=255.0, neginf=0.0)
+        yield values
 
 
 def draft_for(img: Image.Image, size: int, channels: int) -> None:

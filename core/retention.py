@@ -28,7 +28,8 @@ from core.db import (
     db_now,
 )
 from core.quotas import orphaned_attempt_times, spent_attempt_times
-from core.store.deletion import ENDED
+from core.store.deletion import ENDED, hold_job_id
+from core.store.registry import registered
 
 log = logging.getLogger("trainq.retention")
 KINDS = ("artifacts", "checkpoints", "step_rows")
@@ -62,13 +63,24 @@ def expired(s: Session, older_than_days: float) -> Select[str]:
     """Ended jobs not purged yet whose end is older than `older_than_days`, oldest first,
     by the database's clock. Only ix_jobs_unpurged_finished serves it, and the cutoff is
     read first and compared as a value, so the walk of the index stops there. A job has a
-    finished_at only once it ended (purge_job checks the status again)."""
+    finished_at only once it ended (purge_job checks the status again). A job whose model
+    is a registered model's version is kept whole while it is one (core.store.registry)."""
     cutoff = s.scalar(select(db_ago(older_than_days * DAY_S)))
     return (
         select(Job.id)
-        .where(Job.purged_at.is_(None), Job.finished_at < cutoff)
+        .where(Job.purged_at.is_(None), Job.finished_at < cutoff, ~registered(Job.id))
         .order_by(Job.finished_at)
     )
+
+
+def kept_registered(db: Database, *, older_than_days: float) -> int:
+    """Ended jobs past the age that `expired` passes over: registered models' versions."""
+    with db.reader() as s:
+        cutoff = s.scalar(select(db_ago(older_than_days * DAY_S)))
+        old = select(Job.id).where(
+            Job.purged_at.is_(None), Job.finished_at < cutoff, registered(Job.id)
+        )
+        return s.scalar(select(func.count()).select_from(old.subquery())) or 0
 
 
 def footprint(s: Session, jobs: Select[str]) -> Footprint:
@@ -98,10 +110,18 @@ def footprint(s: Session, jobs: Select[str]) -> Footprint:
 
 def purge_job(s: Session, *, job_id: str) -> bool:
     """An ended job loses its step rows, checkpoint and model; its row records when. False
-    (nothing removed) if it is not ended or was purged already."""
+    (nothing removed) if it is not ended, was purged already, or is a registered model's
+    version: the job's id is held first, as a registration holds it, so that one that
+    committed meanwhile is seen here (and one that comes after sees the purge)."""
+    hold_job_id(s, job_id=job_id)
     marked = s.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status.in_(ENDED), Job.purged_at.is_(None))
+        .where(
+            Job.id == job_id,
+            Job.status.in_(ENDED),
+            Job.purged_at.is_(None),
+            ~registered(Job.id),
+        )
         .values(purged_at=db_now())
     )
     if not marked.rowcount:  # type: ignore[attr-defined]

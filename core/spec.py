@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.model_sizes import model_too_large
+from core.recipes import KNOBS, RECIPES, Recipe, recipe_problem, with_recipe
 from core.spec_enums import (
     TERMINAL,
     Amp,
@@ -24,6 +25,7 @@ from core.spec_enums import (
     Priority,
     Scheduler,
 )
+from core.torchvision_weights import TORCHVISION_WEIGHTS
 
 # The enums are core.spec_enums's, re-exported: `from core.spec import X` for each.
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "JobStatus",
     "Optimizer",
     "Priority",
+    "Recipe",
     "Scheduler",
 ]
 
@@ -45,6 +48,8 @@ DATASETS = ("mnist", "fashion-mnist", "mnist-sample")
 # name one still read (the database keeps specs as plain JSON); a new spec is refused.
 RETIRED_DATASETS = {"kmnist": "no package registry ships KMNIST"}
 USER_DATASET_PREFIX = "ds:"  # "ds:<uuid>": a data set uploaded through POST /datasets
+USER_DATASETS = ("datasets", "by-id")  # where, under the data folder, workers place them
+BUILT_IN_IMAGES = ((1, 28, 28), 10)  # every built-in set's (C, H, W) and classes
 
 
 def user_dataset_id(name: str) -> str | None:
@@ -60,6 +65,24 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
+    recipe: Recipe = Field(
+        Recipe.accurate,
+        title="Recipe",
+        description="Defaults for the training knobs the spec leaves out "
+        f"({', '.join(KNOBS)}): accurate (99.6% on MNIST in 8 epochs) or fast (one epoch, "
+        "99% on MNIST).",
+        # [knob, value] pairs: the OpenAPI document leaves out null values of objects.
+        json_schema_extra={
+            "x-recipes": {r.value: list(map(list, k.items())) for r, k in RECIPES.items()}
+        },
+    )
+    recipe_filled: tuple[str, ...] = Field(
+        (),
+        title="Filled by the recipe",
+        max_length=len(KNOBS),
+        description="Set by trainq: the knobs the recipe filled, each at the recipe's value.",
+        json_schema_extra={"readOnly": True},
+    )
     dataset: str = Field(
         "mnist-sample",
         title="Data set",
@@ -159,13 +182,14 @@ class JobSpec(BaseModel):
         Architecture.cnn,
         title="Architecture",
         description="cnn (the seed's CNN), resnet18, resnet34, mobilenet_v3_small, "
-        "mobilenet_v3_large, efficientnet_b0 (torchvision's) or efficientnet_lite0 (the one "
-        "with ImageNet weights: pretrained); stems fitted to small images.",
+        "mobilenet_v3_large, efficientnet_b0 (torchvision's) or efficientnet_lite0; stems "
+        "fitted to small images.",
     )
     pretrained: bool = Field(
         False,
         title="Pretrained weights",
-        description="Start from ImageNet weights (efficientnet_lite0 only; not with init_from).",
+        description="Start from ImageNet weights (every model but cnn; torchvision's need their "
+        "file installed; not with init_from).",
     )
     init_from: str | None = Field(
         None,
@@ -279,20 +303,36 @@ class JobSpec(BaseModel):
             raise ValueError("each format at most once")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe(cls, data: Any) -> Any:
+        return with_recipe(data) if isinstance(data, dict) else data
+
+    def submitted(self) -> dict[str, Any]:
+        """The fields as they were given: without what the recipe filled, which a spec
+        built from this one (a sweep's trial) gets from its own recipe."""
+        return self.model_dump(mode="json", exclude={*self.recipe_filled, "recipe_filled"})
+
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
+        problem = recipe_problem(self.recipe, self.recipe_filled, dict(self))
+        if problem:
+            raise ValueError(problem)
         if self.scheduler is Scheduler.cosine and self.min_lr > self.lr:
             raise ValueError("min_lr must not exceed lr for the cosine schedule")
         problem = _architecture_problem(self)
         if problem:
             raise ValueError(problem)
-        if user_dataset_id(self.dataset) is None:  # the built-in sets: 1×28×28, 10 classes
-            problem = model_too_large(self, (1, 28, 28), 10)
+        if user_dataset_id(self.dataset) is None:
+            problem = model_too_large(self, *BUILT_IN_IMAGES)
             if problem:
                 raise ValueError(problem)
         return self
 
 
+# The architectures with ImageNet weights: EfficientNet-Lite0's packaged ones
+# (core.train.pretrained), torchvision's from TORCH_HOME (core.torchvision_weights).
+PRETRAINED = (*TORCHVISION_WEIGHTS, Architecture.efficientnet_lite0)
 CNN_ONLY = ("conv1_channels", "conv2_channels", "conv3_channels", "hidden")  # and checkpointing
 
 
@@ -302,8 +342,9 @@ def _architecture_problem(spec: JobSpec) -> str | None:
         changed = [f for f in CNN_ONLY if getattr(spec, f) != JobSpec.model_fields[f].default]
         if changed := changed + ["gradient_checkpointing"] * spec.gradient_checkpointing:
             return f"{', '.join(changed)}: for model cnn only, not {spec.model}; leave them out"
-    if spec.pretrained and spec.model is not Architecture.efficientnet_lite0:
-        return f"pretrained: ImageNet weights are offered for efficientnet_lite0, not {spec.model}"
+    if spec.pretrained and spec.model not in PRETRAINED:
+        offered = ", ".join(PRETRAINED)
+        return f"pretrained: ImageNet weights are offered for {offered}, not {spec.model}"
     if spec.pretrained and spec.init_from is not None:
         return "pretrained and init_from both choose the starting weights: pick one"
     starts = spec.init_from is not None or spec.pretrained
@@ -323,6 +364,8 @@ BEFORE_FIELD: dict[str, object] = {
     "augment": Augment.none,
     "ema_decay": None,
     "conv3_channels": 0,
+    "recipe": "accurate",
+    "recipe_filled": [],  # what filled the rest was not written down then
 }
 
 

@@ -9,7 +9,7 @@ import torch
 
 from core.data_sources import SOURCES, file_problems
 from core.spec import JobSpec
-from core.train import Callbacks, EpochMetrics, StepMetrics, TrainResult, train
+from core.train import Callbacks, EpochMetrics, StepMetrics, TrainResult, checker, train
 from core.train.data import write_mnist_sample
 from tests.service import DATASETS_CACHE, STRICT, Service
 
@@ -75,6 +75,16 @@ def worker(svc: Service) -> subprocess.Popen[bytes]:
 def _services(item: pytest.Item) -> list[Service]:
     values = getattr(item, "funcargs", {}).values()
     return [v for v in values if isinstance(v, Service)]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_checker() -> Iterator[None]:
+    """Trainings in this process check their formats as a worker's jobs do: one checker for
+    the session (core.train.checker.share), not one started for each export.
+    tests/unit/test_checker.py covers an export with none."""
+    shared = checker.share()
+    yield
+    shared.close()
 
 
 @pytest.fixture(autouse=True)

@@ -177,6 +177,7 @@ class Service:
     clients: list[Client] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
     api_args: tuple[str, ...] = ()  # `trainq serve`'s own, such as ("--workers", "2")
+    api_module: str = "cli"  # what `python -m` runs the API with (tests.pinned_weights_api)
 
     @property
     def url(self) -> str:
@@ -198,7 +199,7 @@ class Service:
         return env
 
     def _spawn(
-        self, name: str, *args: str, data_limit: int | None = None
+        self, name: str, *args: str, data_limit: int | None = None, module: str = "cli"
     ) -> subprocess.Popen[bytes]:
         log_dir = self.log_dir or self.data_dir
 
@@ -208,7 +209,7 @@ class Service:
 
         with (log_dir / f"{name}.log").open("ab") as log:  # the child keeps its own copy
             return subprocess.Popen(
-                [sys.executable, "-m", "cli", *args],
+                [sys.executable, "-m", module, *args],
                 cwd=REPO,
                 env=self.env(),
                 stdout=log,
@@ -237,7 +238,8 @@ class Service:
         )
 
     def start_api(self) -> None:
-        self.api = self._spawn(f"api{time.monotonic_ns()}", "serve", *self.api_args)
+        name = f"api{time.monotonic_ns()}"
+        self.api = self._spawn(name, "serve", *self.api_args, module=self.api_module)
         wait_until(self._healthy, 30, "the API to answer /health")
 
     def _healthy(self) -> bool:

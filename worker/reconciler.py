@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -26,6 +26,7 @@ from core.store.sweeps import running_sweep_ids
 from core.stream import publish_status
 from core.sweeps.trials import advance
 from worker.entry_checks import entry_is_live, stop_entry
+from worker.placed_datasets import prune_placed
 
 log = logging.getLogger("trainq.reconcile")
 
@@ -191,15 +192,29 @@ class Reconciler:
         # Created lazily, and only in the launcher: its children fork from a clean process.
         if self.db is None:
             self.db = Database.from_settings(self.settings)
+        db, settings = self.db, self.settings
         r = connect(self.redis_url)
         try:
-            report = reconcile_once(self.db, r, self.settings)
-            if report.requeued or report.failed or report.reenqueued or report.trials:
-                log.warning("reconciled: %s", report)
-            retention_pass(self.db, self.settings)
-        except (RedisError, SQLAlchemyError, OSError) as e:
-            log.warning("reconcile pass skipped: %s", e)
-        except Exception:  # never the launcher's end: its workers would be orphaned
-            log.exception("reconcile pass failed; the next one tries again")
+            _guarded("reconcile", lambda: _reconcile(db, r, settings))
         finally:
             r.close()
+        # The database's and the disk's halves need no Redis: they go on while it is away.
+        _guarded("retention", lambda: retention_pass(db, settings))
+        _guarded("placed data sets", lambda: prune_placed(db, settings.data_dir))
+
+
+def _reconcile(db: Database, r: Redis, settings: Settings) -> None:
+    report = reconcile_once(db, r, settings)
+    if report.requeued or report.failed or report.reenqueued or report.trials:
+        log.warning("reconciled: %s", report)
+
+
+def _guarded(what: str, step: Callable[[], object]) -> None:
+    """One step of the pass: a lost connection or a full disk skips it until the next pass,
+    and nothing ends the launcher that runs it (its workers would be orphaned)."""
+    try:
+        step()
+    except (RedisError, SQLAlchemyError, OSError) as e:
+        log.warning("%s pass skipped: %s", what, e)
+    except Exception:
+        log.exception("%s pass failed; the next one tries again", what)

@@ -36,6 +36,8 @@ from core.config import Settings
 from core.db import Database
 from core.lifetime import ParentGone, end_with_parent
 from core.redis_client import READ_TIMEOUT_S, connect, use_read_timeout
+from core.train.checker import share
+from core.train.export import warm_up
 from core.versions import running_versions
 
 # worker.entries imports the job function and all it imports: ready in each fork.
@@ -190,6 +192,7 @@ class TrainqWorker(Worker):
     def execute_job(self, job: Job, queue: Queue) -> None:
         reason = contract_violation(queue_entry(job))
         if reason is None:
+            _share_checker()  # again if it exited: the horse forked next asks it
             job.timeout = self.job_timeout_s  # the worker's own, as the TTLs (TrainqJob.restore)
             super().execute_job(job, queue)
         else:
@@ -305,6 +308,15 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _share_checker() -> None:
+    """The process that checks each job's formats (core.train.checker), started by this
+    worker for all its horses; a horse that finds it gone starts its own."""
+    try:
+        share()
+    except OSError as e:
+        log.warning("the formats' checker could not start (%s); each job starts its own", e)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--name", required=True, help="host and GPU; the process id is appended")
@@ -339,6 +351,8 @@ def main() -> None:
             fair_share_db=fair_share_db,
         )
 
+    _share_checker()
+    warm_up()  # the exports' first-call costs, paid once here and not by every job
     serve(make_worker, r, burst=args.burst)
     exit_at_once()
 

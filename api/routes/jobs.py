@@ -7,10 +7,10 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from api.access import IdPrefix, check_dataset, check_start, visible_job, visible_status
-from api.cursors import decode_cursor, encode_cursor
+from api.access import check_job, check_pretrained, visible_job, visible_status
 from api.deletion import delete_job
 from api.deps import (
     AsyncRedisDep,
@@ -27,6 +27,7 @@ from api.deps import (
 from api.event_follower import follow_events
 from api.events import EventStreamResponse
 from api.formats import MEDIA_TYPES
+from api.job_queries import JobQueryDep
 from api.reads import read
 from api.responses import (
     EVENT_STREAM,
@@ -38,12 +39,21 @@ from api.responses import (
     UNAVAILABLE,
     problem,
 )
-from api.schemas import ConfusionOut, EpochOut, JobOut, JobPage, MetricPage, QuotaProblem
+from api.schemas import (
+    ConfusionOut,
+    EpochOut,
+    JobOut,
+    JobPage,
+    JobRequest,
+    MetricPage,
+    QuotaProblem,
+)
 from api.services import jobs
 from api.services.jobs import job_out
 from api.services.models import send_model, stored_model
-from core.spec import ExportFormat, JobSpec, JobStatus, user_dataset_id
-from core.store import epoch_metrics, list_jobs
+from core.labels import LabelsPatch
+from core.spec import ExportFormat, JobStatus, user_dataset_id
+from core.store import epoch_metrics
 from core.stream import MAX_STEP
 from core.text import PLAIN_PATTERN
 
@@ -61,14 +71,17 @@ IdempotencyKey = Annotated[str | None, Header(max_length=200, pattern=PLAIN_PATT
         **ERRORS,
         200: {"model": JobOut, "description": "Same Idempotency-Key and body: the same job."},
         **KEY_REUSED,
-        422: {"description": "Invalid spec; `detail[].loc` names the field."},
+        422: {"description": "Invalid spec or labels; `detail[].loc` names the field."},
         **OVER_QUOTA,
         **UNAVAILABLE,
     },
     summary="Submit a training job",
+    description="The body is a JobSpec, with the job's `name`, `tags` and `notes` beside its "
+    "fields: they are no part of the spec, so the same spec with other labels and the same "
+    "Idempotency-Key answers the job made first, its labels unchanged (200).",
 )
 async def submit_job(
-    spec: JobSpec,
+    body: JobRequest,
     response: Response,
     caller: CallerDep,
     db: DatabaseDep,
@@ -76,45 +89,54 @@ async def submit_job(
     submitter: SubmitterDep,
     idempotency_key: IdempotencyKey = None,
 ) -> Any:
-    if user_dataset_id(spec.dataset) is not None:
-        await read(db, check_dataset, caller, spec)
-    if spec.init_from is not None:
-        await read(db, check_start, caller, spec, ("body",))
-    job, created = await jobs.submit(submitter, spec, caller, idempotency_key)
+    spec = body.spec()
+    if user_dataset_id(spec.dataset) is not None or spec.init_from is not None:
+        await read(db, check_job, caller, spec)
+    if spec.pretrained:
+        await run_in_threadpool(check_pretrained, spec, ("body",))
+    job, created = await jobs.submit(submitter, spec, body.labels(), caller, idempotency_key)
     if not created:
         return await jobs.answer_again_async(job, spec, caller, r)
     response.headers["Location"] = f"/jobs/{job.id}"
     return job_out(job, caller)
 
 
-@router.get("", response_model=JobPage, responses=ERRORS, summary="List jobs, newest first")
+@router.get(
+    "",
+    response_model=JobPage,
+    responses={**ERRORS, 422: {"description": "A bad filter, sort or cursor, named in `loc`."}},
+    summary="Find jobs: filtered, ordered, a page at a time",
+    description="Your jobs (an admin key: everyone's), newest first unless `sort` says "
+    "otherwise. Every filter given must hold (every `tag`; any `status`). Pass `next` back "
+    "as `cursor`, with the same filters and sort, for the following page.",
+)
 def get_jobs(
     session: ReaderDep,
     caller: CallerDep,
-    status: JobStatus | None = None,
-    sweep_id: Annotated[uuid.UUID | None, Query(description="Only this sweep's trials.")] = None,
-    id_prefix: IdPrefix = None,
-    cursor: Annotated[str | None, Query(max_length=200, pattern=PLAIN_PATTERN)] = None,
+    query: JobQueryDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> JobPage:
-    found = list_jobs(
-        session,
-        owner=caller.owner,
-        all_owners=caller.admin,
-        status=status,
-        sweep_id=str(sweep_id) if sweep_id else None,
-        id_prefix=id_prefix.lower() if id_prefix else None,
-        before=decode_cursor(cursor) if cursor else None,
-        limit=limit + 1,
-    )
-    page = list(found[:limit])
-    nxt = encode_cursor(page[-1].created_at, page[-1].id) if len(found) > limit else None
-    return JobPage(items=[job_out(j, caller) for j in page], next=nxt)
+    return jobs.find(session, caller, query, limit)
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="One job")
 def get_one(job_id: JobId, session: ReaderDep, r: RedisDep, caller: CallerDep) -> JobOut:
     return job_out(visible_job(session, caller, job_id), caller, r)
+
+
+@router.patch(
+    "/{job_id}",
+    response_model=JobOut,
+    responses={**ERRORS, 422: {"description": "A bad name, tag or note, named in `loc`."}},
+    summary="Rename, tag or annotate a job",
+    description="A field left out stays as it is; `name` or `notes` null removes it; `tags` "
+    "replaces them all; `add_tags` and `remove_tags` change only those named (so two "
+    "changes at once both hold). Past 16 tags: 422. The spec never changes.",
+)
+def patch_job(
+    job_id: JobId, patch: LabelsPatch, session: SessionDep, r: RedisDep, caller: CallerDep
+) -> JobOut:
+    return job_out(jobs.relabel(session, visible_job(session, caller, job_id), patch), caller, r)
 
 
 @router.get(
@@ -219,7 +241,13 @@ def cancel(
 @router.delete(
     "/{job_id}",
     status_code=204,
-    responses={**ERRORS, 409: problem("Queued or running: cancel it first.")},
+    responses={
+        **ERRORS,
+        409: problem(
+            "Queued or running: cancel it first; or its model is a registered model's "
+            "version: delete the version first."
+        ),
+    },
     summary="Delete an ended job",
     description="Its model, checkpoint, step and epoch metrics, live stream and record all "
     "go; the job answers 404 from then on. A queued or running job is refused with 409: "

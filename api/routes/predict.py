@@ -48,6 +48,19 @@ _MULTIPART_SCHEMA = {
 }
 
 
+Invert = Annotated[
+    bool, Query(description="Dark-on-light images: use 1 - x (the form field works too).")
+]
+TopK = Annotated[
+    int | None,
+    Query(
+        ge=1,
+        le=1000,
+        description=f"How many of the most probable classes to name per image; default "
+        f"{DEFAULT_TOP_K}, or every class where there are fewer.",
+    ),
+]
+
 PREDICT_RESPONSES = {
     **ERRORS,
     409: problem("The job has not succeeded (yet)."),
@@ -93,18 +106,8 @@ async def predict(
     db: DatabaseDep,
     budget: DecodeBudgetDep,
     caller: CallerDep,
-    invert: Annotated[
-        bool, Query(description="Dark-on-light images: use 1 - x (the form field works too).")
-    ] = False,
-    k: Annotated[
-        int | None,
-        Query(
-            ge=1,
-            le=1000,
-            description=f"How many of the most probable classes to name per image; default "
-            f"{DEFAULT_TOP_K}, or every class where there are fewer.",
-        ),
-    ] = None,
+    invert: Invert = False,
+    k: TopK = None,
 ) -> PredictOut:
     # The job first: an unknown job or one without a model is answered before any of the
     # body (up to MAX_BODY_BYTES) is read, and the read's session is closed by then: no

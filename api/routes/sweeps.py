@@ -32,12 +32,12 @@ from api.responses import (
     TOO_MANY_STREAMS,
     problem,
 )
-from api.schemas import SweepOut, SweepPage
+from api.schemas import SweepOut, SweepPage, SweepRequest
 from api.services import sweeps
 from api.services.sweeps import visible_sweep
+from core.labels import LabelsPatch
 from core.store.sweeps import get_sweep, list_sweeps
 from core.sweeps import trials
-from core.sweeps.spec import SweepSpec
 from core.text import PLAIN_PATTERN
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
@@ -60,10 +60,11 @@ SweepId = Annotated[uuid.UUID, "a sweep id"]
     description="Creates the sweep and queues its first `parallel` trials (ordinary jobs, "
     "counted against the key's quotas). Each trial that ends makes room for the next, until "
     "`trials` have run. A trial behind the others at an epoch's end is pruned (status "
-    "`pruned`).",
+    "`pruned`). The sweep's `name`, `tags` and `notes` sit beside its fields, no part of "
+    "it: each trial starts with its tags and is named `<name> #<trial>`.",
 )
 def create_sweep(
-    spec: SweepSpec,
+    body: SweepRequest,
     response: Response,
     session: SessionDep,
     db: DatabaseDep,
@@ -72,8 +73,11 @@ def create_sweep(
     caller: CallerDep,
     idempotency_key: Annotated[str | None, Header(max_length=200, pattern=PLAIN_PATTERN)] = None,
 ) -> Any:
+    spec = body.spec()
     sweeps.check_bounds(session, caller, spec)
-    sweep, again = sweeps.create(db, session, r, settings, caller, spec, idempotency_key)
+    sweep, again = sweeps.create(
+        db, session, r, settings, caller, spec, body.labels(), idempotency_key
+    )
     if again is not None:
         return again
     response.headers["Location"] = f"/sweeps/{sweep.id}"
@@ -105,6 +109,22 @@ def get_sweeps(
 @router.get("/{sweep_id}", response_model=SweepOut, responses=ERRORS, summary="One sweep")
 def get_one(sweep_id: SweepId, session: ReaderDep, caller: CallerDep) -> Any:
     return trials.report(session, visible_sweep(session, caller, sweep_id))
+
+
+@router.patch(
+    "/{sweep_id}",
+    response_model=SweepOut,
+    responses={**ERRORS, 422: {"description": "A bad name, tag or note, named in `loc`."}},
+    summary="Rename, tag or annotate a sweep",
+    description="As PATCH /jobs/{id}. Its trials keep their own: a trial made later starts "
+    "with the sweep's tags as they are then.",
+)
+def patch_sweep(
+    sweep_id: SweepId, patch: LabelsPatch, session: SessionDep, caller: CallerDep
+) -> Any:
+    return trials.report(
+        session, sweeps.relabel(session, visible_sweep(session, caller, sweep_id), patch)
+    )
 
 
 @router.post(

@@ -18,15 +18,19 @@ from api.access import no_dataset, visible_status
 from api.auth import Caller
 from api.cancels import announce_cancel, canceled
 from api.formats import default_format, offered_formats
+from api.job_queries import JobQuery
 from api.reads import read
-from api.schemas import METRIC_FIELDS, ConfusionOut, JobOut
+from api.schemas import METRIC_FIELDS, ConfusionOut, JobOut, JobPage
 from api.services.idempotency import answer_again
 from api.services.submitter import Outcome, Submitter
 from core.config import Settings
 from core.db import Database, Job, as_utc
 from core.errors import AlreadyEnded, DatasetGone, InvalidRequest, NoRecord, NotFound
+from core.labels import Labels, LabelsPatch
 from core.spec import ExportFormat, JobSpec, JobStatus
 from core.store import epoch_of, request_cancel, spec_hash, step_rows
+from core.store.labels import relabel_job
+from core.store.search import Scope, position_of, search_jobs
 from core.stream import STEP, EntryId, aread, latest_step
 from core.sweeps.trials import advance
 
@@ -43,6 +47,9 @@ def job_out(job: Job, caller: Caller, r: Redis | None = None) -> JobOut:
         {
             "id": job.id,
             "status": job.status,
+            "name": job.name,
+            "tags": job.tags or [],
+            "notes": job.notes,
             "spec": job.spec,
             "created_at": as_utc(job.created_at),
             "started_at": as_utc(job.started_at),
@@ -99,7 +106,11 @@ def _links(job_id: str, offered: list[ExportFormat]) -> dict[str, Any]:
 
 
 async def submit(
-    submitter: Submitter, spec: JobSpec, caller: Caller, idempotency_key: str | None
+    submitter: Submitter,
+    spec: JobSpec,
+    labels: Labels,
+    caller: Caller,
+    idempotency_key: str | None,
 ) -> Outcome:
     """The job and whether this submission made it (api.services.submitter); its data set
     deleted since the route checked it is the same 422 as one never there."""
@@ -109,6 +120,7 @@ async def submit(
             owner=caller.owner,
             idempotency_key=idempotency_key,
             quota_owner=caller.quota_owner,
+            labels=labels,
         )
     except DatasetGone as e:  # deleted between the route's look-up and the row's insert
         raise InvalidRequest([no_dataset(spec)]) from e
@@ -154,6 +166,31 @@ def _stored_steps(
 ) -> tuple[str, list[dict[str, Any]]]:
     status = visible_status(session, caller, job_id)
     return status, step_rows(session, job_id=job_id, after=after, limit=limit)
+
+
+def find(session: Session, caller: Caller, query: JobQuery, limit: int) -> JobPage:
+    """A page of the caller's jobs (an admin's: everyone's) that `query` finds."""
+    found = search_jobs(
+        session,
+        scope=Scope(caller.owner, everyone=caller.admin),
+        filters=query.filters,
+        sort=query.sort,
+        after=query.after,
+        limit=limit + 1,
+    )
+    page = list(found[:limit])
+    more = len(found) > limit
+    nxt = query.cursor(position_of(page[-1], query.sort)) if more else None
+    return JobPage(items=[job_out(j, caller) for j in page], next=nxt)
+
+
+def relabel(session: Session, job: Job, patch: LabelsPatch) -> Job:
+    """The job renamed, tagged or annotated as `patch` says, committed."""
+    changed = relabel_job(session, job_id=job.id, patch=patch)
+    if changed is None:  # deleted since it was looked up
+        raise NotFound(f"no job {job.id}")
+    session.commit()
+    return changed
 
 
 def cancel(session: Session, r: Redis, job: Job) -> JobStatus:

@@ -17,6 +17,7 @@ from api.formats import PREDICT_ORDER
 from api.image_files import read_file_images
 from api.images import KeyBudget
 from api.json_images import read_json_images
+from core.db import Job
 from core.errors import ModelDamaged, NoModel, UnsupportedMediaType
 from core.spec import ExportFormat, JobStatus
 from core.store import artifact_sha256s
@@ -39,7 +40,12 @@ class Target:
 
 def target(session: Session, caller: Caller, job_id: uuid.UUID) -> Target:
     """The job's model to predict with; NoModel if it has none (yet)."""
-    job = visible_job(session, caller, job_id)
+    return job_target(session, visible_job(session, caller, job_id))
+
+
+def job_target(session: Session, job: Job) -> Target:
+    """`target` for a job already looked up (by its access check, or a registered
+    version's: api.services.registry)."""
     if job.status != JobStatus.succeeded:
         raise NoModel(f"job {job.id} is {job.status}: no model yet")
     stored = artifact_sha256s(session, job_id=job.id)

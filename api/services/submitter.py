@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from core.config import Settings
 from core.db import Database, Job
 from core.errors import DatasetGone, QuotaExceeded, Unavailable
+from core.labels import Labels
 from core.queue import enqueue_jobs
 from core.quotas import JobQuotas
 from core.spec import JobSpec, user_dataset_id
@@ -75,6 +76,7 @@ class Submission:
     idempotency_key: str | None
     quota_owner: str | None  # whose quotas bind it (api.auth.Caller.quota_owner)
     loop: asyncio.AbstractEventLoop
+    labels: Labels = field(default_factory=Labels)
     future: asyncio.Future[Outcome] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -112,12 +114,13 @@ class Submitter:
         owner: str | None,
         idempotency_key: str | None,
         quota_owner: str | None,
+        labels: Labels | None = None,
     ) -> Outcome:
         """The new job, or with an Idempotency-Key already used by this owner, the job made
-        then (the caller compares the specs). Raises QuotaExceeded past a limit of
-        `quota_owner`'s (None: no limits)."""
+        then, its labels as they are (the caller compares the specs). Raises QuotaExceeded
+        past a limit of `quota_owner`'s (None: no limits)."""
         loop = asyncio.get_running_loop()
-        sub = Submission(spec, owner, idempotency_key, quota_owner, loop)
+        sub = Submission(spec, owner, idempotency_key, quota_owner, loop, labels or Labels())
         with self._wake:
             if self._closing:
                 raise RuntimeError("the API is shutting down")
@@ -244,6 +247,7 @@ def _plan(s: Session, batch: list[Submission], quotas: JobQuotas) -> list[Planne
             spec=sub.spec,
             owner=sub.owner,
             idempotency_key=sub.idempotency_key,
+            labels=sub.labels,
         )
         if sub.idempotency_key is not None:
             made[key] = job

@@ -18,7 +18,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.orm import Session
 
-from api.access import check_start, no_dataset, visible_dataset
+from api.access import Starts, check_pretrained, check_start, spec_images
 from api.auth import Caller
 from api.cancels import announce_cancel, canceled
 from api.reads import read
@@ -27,12 +27,15 @@ from api.services.idempotency import answer_again, create_once
 from core.config import Settings
 from core.db import Database, Job, Sweep
 from core.errors import AlreadyEnded, InvalidRequest, NotFound
+from core.labels import Labels, LabelsPatch
 from core.spec import user_dataset_id
 from core.store import spec_hash
 from core.store.idempotency import by_idempotency_key
+from core.store.labels import relabel_sweep
 from core.store.sweeps import SweepStatus, get_sweep
 from core.sweeps import trials
-from core.sweeps.spec import SweepSpec, bound_problems
+from core.sweeps.bounds import bound_problems
+from core.sweeps.spec import SweepSpec
 
 log = logging.getLogger("trainq.api")
 EVENT_POLL_S = 1.0
@@ -49,17 +52,15 @@ def visible_sweep(session: Session, caller: Caller, sweep_id: uuid.UUID | str) -
 
 def check_bounds(session: Session, caller: Caller, spec: SweepSpec) -> None:
     """InvalidRequest (422) if the base's uploaded data set is not the caller's to see, its
-    init_from not the caller's own job, or a trial the space allows would not fit its images."""
-    check_start(session, caller, spec.base, ("body", "base"))
-    images = None
-    if user_dataset_id(spec.base.dataset) is not None:
-        ds = visible_dataset(session, caller, str(user_dataset_id(spec.base.dataset)))
-        if ds is None:
-            problem = no_dataset(spec.base)
-            raise InvalidRequest([{**problem, "loc": ["body", "base", "dataset"]}])
-        c, h, w = ds.image_shape
-        images = ((c, h, w), ds.num_classes)
-    problems = bound_problems(spec, images)
+    init_from not the caller's own job, its pretrained weights not installed, or a trial the
+    space allows would not fit its images or could not start from its init_from
+    (api.access.Starts)."""
+    shape, classes = spec_images(session, caller, spec.base, ("body", "base"))
+    starts = Starts(session, caller, shape)
+    check_start(starts, spec.base, ("body", "base"))
+    check_pretrained(spec.base, ("body", "base"))
+    images = None if user_dataset_id(spec.base.dataset) is None else (shape, classes)
+    problems = bound_problems(spec, images, starts.problem)
     if problems:
         raise InvalidRequest(problems)
 
@@ -71,10 +72,12 @@ def create(
     settings: Settings,
     caller: Caller,
     spec: SweepSpec,
+    labels: Labels,
     idempotency_key: str | None,
 ) -> tuple[Sweep, Response | None]:
     """The new sweep with its first trials queued; or, for an Idempotency-Key used before,
-    that sweep and the answer to send again (api.services.idempotency)."""
+    that sweep (its labels as they are) and the answer to send again
+    (api.services.idempotency)."""
 
     def find() -> Sweep | None:
         key = idempotency_key or ""
@@ -90,6 +93,7 @@ def create(
             owner=caller.owner,
             quota_owner=caller.quota_owner,
             idempotency_key=idempotency_key,
+            labels=labels,
         )
         session.commit()
         first.extend(made)
@@ -121,6 +125,15 @@ def _queue_first(
             trials.advance(db, r, settings, sweep_id=sweep.id)
         except Exception as e:  # the sweep stands; the reconciler's pass makes the rest
             log.warning("sweep %s: its first trials are left to the reconciler: %s", sweep.id, e)
+
+
+def relabel(session: Session, sweep: Sweep, patch: LabelsPatch) -> Sweep:
+    """The sweep renamed, tagged or annotated as `patch` says, committed."""
+    changed = relabel_sweep(session, sweep_id=sweep.id, patch=patch)
+    if changed is None:  # deleted since it was looked up
+        raise NotFound(f"no sweep {sweep.id}")
+    session.commit()
+    return changed
 
 
 def cancel(session: Session, r: Redis, sweep: Sweep) -> None:

@@ -1,7 +1,8 @@
 // trainq dashboard: plain browser JavaScript, no build step, nothing loaded from elsewhere.
 // Views are chosen by the URL hash: "#/" lists jobs and the submit form, "#/jobs/<id>"
 // follows one job; sweeps.js adds "#/sweeps" and "#/sweeps/<id>", compare.js
-// "#/compare/<id>,<id>…", datasets.js "#/datasets" and "#/datasets/<id>", charts.js the
+// "#/compare/<id>,<id>…", datasets.js "#/datasets" and "#/datasets/<id>", models.js
+// "#/models" and "#/models/<name>", charts.js the
 // uPlot charts they share. Every API call carries
 // "Authorization: Bearer <key>"; the key lives in sessionStorage, so it is forgotten with
 // the tab.
@@ -12,7 +13,7 @@ const LIST_REFRESH_MS = 3000;
 const JOB_REFRESH_MS = 2000;
 const TERMINAL = new Set(["succeeded", "failed", "canceled", "pruned"]);
 // Shown first in the submit form; every other JobSpec field goes under "More options".
-const COMMON_FIELDS = ["dataset", "epochs", "batch_size", "lr", "optimizer", "scheduler", "amp", "seed"];
+const COMMON_FIELDS = ["recipe", "dataset", "epochs", "batch_size", "lr", "optimizer", "scheduler", "amp", "seed"];
 
 const $ = (selector) => document.querySelector(selector);
 
@@ -182,7 +183,7 @@ async function repeat(fn, ms, signal) {
   }
 }
 
-const VIEWS = ["login-view", "home-view", "job-view", "sweeps-view", "sweep-view", "compare-view", "datasets-view", "dataset-view"];
+const VIEWS = ["login-view", "home-view", "job-view", "sweeps-view", "sweep-view", "compare-view", "datasets-view", "dataset-view", "models-view", "model-view"];
 
 function showView(id) {
   for (const section of VIEWS) $(`#${section}`).hidden = section !== id;
@@ -228,6 +229,8 @@ function route() {
   else if ((match = hash.match(/^#\/compare\/([0-9a-fA-F,-]+)$/))) openCompare(match[1].split(","), signal);
   else if ((match = hash.match(/^#\/datasets\/([0-9a-fA-F-]{36})$/))) openDataset(match[1], signal);
   else if (hash === "#/datasets") openDatasets(signal);
+  else if ((match = hash.match(/^#\/models\/([a-z0-9][a-z0-9_.-]{0,63})(?:\?owner=([^&]+))?$/))) openModel(match[1], match[2] && decodeURIComponent(match[2]), signal);
+  else if (hash === "#/models") openModels(signal);
   else openHome(signal);
 }
 
@@ -243,10 +246,14 @@ function openHome(signal) {
 async function refreshJobs(signal) {
   let page;
   try {
-    page = await api("/jobs?limit=50", { signal });
+    page = await api(`/jobs?${jobsQuery(50)}`, { signal });
   } catch (e) {
-    // A 503 (Redis or the database away) or a network error: say so, keep the last list.
-    if (!(e instanceof Unauthorized) && !signal.aborted) show($("#jobs-message"), `Could not refresh the jobs: ${e.message}`);
+    // A 503 (Redis or the database away) or a network error: say so, keep the last list. A
+    // filter the API refuses (422) names itself.
+    const why = e instanceof ApiError && e.status === 422 && Array.isArray(e.detail)
+      ? e.detail.map((d) => `${(d.loc ?? []).filter((p) => p !== "query").join(".")}: ${d.msg}`).join("; ")
+      : e.message;
+    if (!(e instanceof Unauthorized) && !signal.aborted) show($("#jobs-message"), `Could not refresh the jobs: ${why}`);
     throw e;
   }
   renderJobs(page.items);
@@ -297,8 +304,9 @@ function renderJobs(jobs) {
       "tr",
       { "data-job-id": job.id, "data-status": job.status },
       el("td", {}, selectBox(job.id, selectedJobs, updateCompareJobs, `select job ${job.id.slice(0, 8)}`)),
-      el("td", {}, el("a", { href: `#/jobs/${job.id}`, class: "mono", text: job.id.slice(0, 8) })),
+      jobCell(job),
       el("td", {}, statusBadge(job.status)),
+      el("td", { class: "wrap" }, tagChips(job.tags, (tag) => filterByTag(tag, relist))),
       el("td", { class: "wrap", text: specSummary(job.spec) }),
       el("td", { text: progressText(job) }),
       el("td", { class: "num", text: fmtPercent(job.result?.test_accuracy) }),
@@ -307,8 +315,14 @@ function renderJobs(jobs) {
     ),
   );
   $("#jobs tbody").replaceChildren(...rows);
+  $("#jobs-empty").textContent = filtersActive() ? "No job matches these filters." : "No jobs yet: submit one.";
   $("#jobs-empty").hidden = jobs.length > 0;
   updateCompareJobs();
+}
+
+// The list again now, with the filters as they are (the view's refresh loop goes on).
+function relist() {
+  refreshJobs(view.signal).catch(() => {});
 }
 
 // --- the submit form, built from the JobSpec schema in /openapi.json --------------------
@@ -397,7 +411,8 @@ function buildSpecForm(schemas) {
   const fields = new Map();
   const common = el("div", { class: "fields" });
   const more = el("div", { class: "fields" });
-  const names = Object.keys(spec.properties);
+  common.append(...labelFieldBoxes(fields, markChanged));
+  const names = Object.keys(spec.properties).filter((n) => !spec.properties[n].readOnly);
   const ordered = [...COMMON_FIELDS.filter((n) => names.includes(n)), ...names.filter((n) => !COMMON_FIELDS.includes(n))];
   for (const name of ordered) {
     const field = resolveField(spec.properties[name], schemas);
@@ -424,10 +439,28 @@ function buildSpecForm(schemas) {
     fields.set(name, { input, kind, initial, error, box });
     (COMMON_FIELDS.includes(name) ? common : more).append(box);
   }
+  followRecipe(fields, spec.properties.recipe?.["x-recipes"]);
   const details = el("details", { id: "more-fields" }, el("summary", { text: `More options (${more.children.length})` }), more);
   $("#spec-fields").replaceChildren(common, details);
   specForm = { fields };
   $("#submit").disabled = false;
+}
+
+// Choosing a recipe shows its values in the knobs it fills (a knob the user changed keeps
+// the user's value): a knob is sent only where it differs from the chosen recipe's.
+function followRecipe(fields, recipes) {
+  const recipe = fields.get("recipe");
+  if (!recipes || !recipe) return;
+  recipe.input.addEventListener("change", () => {
+    for (const [name, value] of recipes[recipe.input.value] ?? []) {
+      const f = fields.get(name);
+      if (!f || isChanged(f)) continue;
+      if (f.kind === "boolean") f.input.checked = Boolean(value);
+      else f.input.value = value === null || value === undefined ? "" : String(value);
+      f.initial = f.kind === "boolean" ? f.input.checked : f.input.value;
+      markChanged(f);
+    }
+  });
 }
 
 function isChanged(f) {
@@ -451,6 +484,10 @@ function changedSpec() {
       else body[name] = f.input.value === "" ? null : Number(f.input.value);
     } else if (f.kind === "list") {
       body[name] = f.input.value.split(",").map((v) => v.trim()).filter(Boolean);
+    } else if (f.kind === "tags") {
+      body[name] = parseTags(f.input.value);
+    } else if (f.kind === "label") {
+      if (f.input.value.trim()) body[name] = f.input.value.trim();
     } else body[name] = f.input.value === "" ? null : f.input.value;
   }
   return { body, problems };
@@ -527,6 +564,8 @@ function openJob(id, signal) {
   $("#downloads").replaceChildren();
   $("#job-facts").replaceChildren();
   $("#job-trial").hidden = true;
+  $("#labels-form").hidden = true;
+  renderLabels({ name: null, tags: [], notes: null });
   resetClassViews();
   drawAll();
   repeat(() => refreshJob(id, signal), JOB_REFRESH_MS, signal);
@@ -564,6 +603,7 @@ async function refreshJob(id, signal) {
   job.data = data;
   setStatus(data.status);
   renderFacts(data);
+  renderLabels(data);
   renderTrial(data.sweep);
   renderProgress();
   show($("#job-error"), data.error ? `${data.error.code}: ${data.error.message}` : "");
@@ -1158,6 +1198,8 @@ function start() {
   $("#submit-form").addEventListener("submit", submitJob);
   $("#cancel").addEventListener("click", cancelJob);
   $("#compare-jobs").addEventListener("click", () => (location.hash = compareHash(selectedJobs)));
+  setupFilterBar(relist);
+  setupLabelEditor();
   window.addEventListener("hashchange", route);
   window.addEventListener("resize", scheduleDraw);
   route();

@@ -65,7 +65,7 @@ function renderFinalMetrics(jobs) {
     return el(
       "tr",
       { "data-job-id": job.id },
-      el("td", {}, el("a", { href: `#/jobs/${job.id}`, class: "mono", text: job.id.slice(0, 8) })),
+      jobCell(job.data),
       el("td", {}, statusBadge(job.data.status)),
       num(fmtPercent(r?.test_accuracy ?? job.epochs.at(-1)?.test_accuracy)),
       num(fixed(r?.test_loss ?? job.epochs.at(-1)?.test_loss)),
@@ -106,13 +106,15 @@ async function stepLosses(id, signal) {
   }
 }
 
+// Its name (its short id if it has none), and a trial's number where the name does not
+// carry it.
 function jobLabel(job) {
-  const trial = job.data.sweep ? ` (trial ${job.data.sweep.trial})` : "";
-  return `${job.id.slice(0, 8)}${trial}`;
+  const trial = job.data.sweep && !job.data.name ? ` (trial ${job.data.sweep.trial})` : "";
+  return `${jobTitle(job.data)}${trial}`;
 }
 
-// A job in a legend: its short id and the spec fields that set it apart from the others
-// compared, "1a2b3c4d · batch_size=64".
+// A job in a legend: its name (or short id) and the spec fields that set it apart from
+// the others compared, "resnet baseline · batch_size=64".
 function lineLabel(job, keys) {
   return [jobLabel(job), ...keys.slice(0, 3).map((k) => `${k}=${fmtValue(job.data.spec[k])}`)].join(" · ");
 }

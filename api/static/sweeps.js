@@ -63,8 +63,14 @@ async function refreshSweeps(signal) {
     el(
       "tr",
       { "data-sweep-id": sw.id, "data-status": sw.status },
-      el("td", {}, el("a", { href: `#/sweeps/${sw.id}`, class: "mono", text: sw.id.slice(0, 8) })),
+      el(
+        "td",
+        { class: "job-cell" },
+        el("a", { href: `#/sweeps/${sw.id}`, class: sw.name ? "job-name" : "mono", text: sw.name || sw.id.slice(0, 8) }),
+        sw.name ? el("span", { class: "mono muted", text: ` ${sw.id.slice(0, 8)}` }) : null,
+      ),
       el("td", {}, statusBadge(sw.status)),
+      el("td", { class: "wrap" }, tagChips(sw.tags)),
       el("td", { class: "wrap", text: dimensions(sw.spec).map((d) => d.name).join(", ") }),
       el("td", { text: `${sw.objective.direction} ${sw.objective.metric}` }),
       el("td", { class: "num", text: `${sw.budget.ended} / ${sw.budget.trials}` }),
@@ -150,6 +156,9 @@ function renderBudget(data) {
 function renderSweepFacts(data) {
   const spec = data.spec;
   const facts = [
+    ...(data.name ? [["name", data.name]] : []),
+    ...(data.tags?.length ? [["tags", data.tags.join(", ")]] : []),
+    ...(data.notes ? [["notes", data.notes]] : []),
     ["objective", `${data.objective.direction} ${data.objective.metric}`],
     ["space", dimensions(spec).map(fmtDimension).join("; ")],
     ["sampler", `${spec.sampler.name}, seed ${spec.sampler.seed}`],

@@ -27,6 +27,20 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from core.db.clock import db_now, utcnow
 from core.spec import JobStatus
 
+# A job's final figures, copied onto its row as it succeeds (core.store.results.succeed_job):
+# what GET /jobs sorts by, each with an index of its own.
+FINAL_COLUMNS = (
+    "final_test_accuracy",
+    "final_test_loss",
+    "final_train_accuracy",
+    "final_train_loss",
+    "final_images_per_second",
+    "final_duration_s",
+)
+# PostgreSQL compares text by the database's collation, under which a prefix's range is not
+# the strings that start with it; byte order (SQLite's own) makes it so.
+SearchText = String(128).with_variant(String(128, collation="C"), "postgresql")
+
 
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {
@@ -41,7 +55,24 @@ class Job(Base):
         UniqueConstraint("owner", "idempotency_key", name="uq_jobs_owner_idempotency_key"),
         Index("ix_jobs_created", "created_at", "id"),
         Index("ix_jobs_status", "status"),
-        Index("ix_jobs_owner_status", "owner", "status"),
+        # GET /jobs (core.store.search): each filter's own jobs of one owner, newest first.
+        Index("ix_jobs_owner_created", "owner", "created_at", "id"),
+        Index("ix_jobs_owner_status_created", "owner", "status", "created_at", "id"),
+        Index("ix_jobs_owner_dataset_created", "owner", "dataset", "created_at", "id"),
+        Index("ix_jobs_owner_model_created", "owner", "model", "created_at", "id"),
+        Index("ix_jobs_owner_name", "owner", "name_key"),
+        # ... and by each final figure: only jobs that have one (they succeeded).
+        *(
+            Index(
+                f"ix_jobs_owner_{column}",
+                "owner",
+                column,
+                "id",
+                sqlite_where=text(f"{column} IS NOT NULL"),
+                postgresql_where=text(f"{column} IS NOT NULL"),
+            )
+            for column in FINAL_COLUMNS
+        ),
         Index("uq_jobs_sweep_trial", "sweep_id", "trial_number", unique=True),
         # The retention pass's (core.retention.expired): ended, not purged, oldest first.
         Index(
@@ -94,6 +125,37 @@ class Job(Base):
     trial_number: Mapped[int | None]
     trial_params: Mapped[dict[str, Any] | None]
     trial_attrs: Mapped[dict[str, Any] | None]
+    # What people call it (core.labels), beside the spec and no part of its hash. `tags` is
+    # what the job shows; job_tags holds the same, one row a tag, for the search.
+    name: Mapped[str | None] = mapped_column(String(128))
+    name_key: Mapped[str | None] = mapped_column(SearchText)  # core.labels.name_key
+    notes: Mapped[str | None] = mapped_column(Text)
+    tags: Mapped[list[str] | None] = mapped_column(JSON)
+    # The spec's data set and architecture, copied out of it for the search.
+    dataset: Mapped[str | None] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(32))
+    final_test_accuracy: Mapped[float | None] = mapped_column(Float)
+    final_test_loss: Mapped[float | None] = mapped_column(Float)
+    final_train_accuracy: Mapped[float | None] = mapped_column(Float)
+    final_train_loss: Mapped[float | None] = mapped_column(Float)
+    final_images_per_second: Mapped[float | None] = mapped_column(Float)
+    final_duration_s: Mapped[float | None] = mapped_column(Float)
+
+
+class JobTag(Base):
+    """One tag of a job (core.store.labels writes them with jobs.tags): the search's index.
+    Its owner and creation time are the job's, so that one owner's jobs with a tag are read
+    newest first from this index alone."""
+
+    __tablename__ = "job_tags"
+    __table_args__ = (
+        Index("ix_job_tags_tag_owner_created", "tag", "owner", "created_at", "job_id"),
+    )
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime]
 
 
 class Sweep(Base):
@@ -120,6 +182,9 @@ class Sweep(Base):
     waiting: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[dt.datetime | None]
+    name: Mapped[str | None] = mapped_column(String(128))  # core.labels, as on a job
+    notes: Mapped[str | None] = mapped_column(Text)
+    tags: Mapped[list[str] | None] = mapped_column(JSON)
 
 
 class DeletedJob(Base):

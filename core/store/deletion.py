@@ -16,27 +16,39 @@ from core.db import (
     DeletedJob,
     EpochMetric,
     Job,
+    JobTag,
+    ModelVersion,
     StepMetric,
     UserDataset,
     db_ago,
     lock_name,
 )
+from core.errors import JobRegistered
 from core.spec import TERMINAL, USER_DATASET_PREFIX, JobStatus
 
 ENDED = sorted(TERMINAL)
 ACTIVE = [JobStatus.queued, JobStatus.running]
-RESULTS = (Artifact, Checkpoint, StepMetric, EpochMetric)
+# What a job's row holds in other tables (each keyed to it, deleted before it).
+RESULTS = (Artifact, Checkpoint, StepMetric, EpochMetric, JobTag)
 DELETED_JOB_DAYS = 7  # how long a deleted job's id is remembered (worker.admission)
 
 
 def delete_ended_job(s: Session, *, job_id: str) -> bool:
     """The job's row, model, checkpoint, step and epoch rows, if the job has ended; False
     (nothing deleted) if it is queued or running, or gone. A terminal status never reverts
-    and nothing writes to an ended job, so the check cannot go stale before the commit."""
+    and nothing writes to an ended job, so the check cannot go stale before the commit.
+    JobRegistered if its model is a registered model's version (core.store.registry holds
+    the job's id too while it registers one)."""
     hold_job_id(s, job_id=job_id)
     status = s.scalar(select(Job.status).where(Job.id == job_id))
     if status not in ENDED:
         return False
+    versions = select(ModelVersion.version).where(ModelVersion.job_id == job_id)
+    if s.scalar(versions.limit(1)) is not None:
+        raise JobRegistered(
+            f"job {job_id} was registered as a model's version meanwhile: delete that "
+            "version first (DELETE /models/{name}/versions/{n})"
+        )
     for table in RESULTS:
         s.execute(delete(table).where(table.job_id == job_id))
     s.execute(delete(Job).where(Job.id == job_id))

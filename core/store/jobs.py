@@ -13,8 +13,9 @@ from sqlalchemy import Select, bindparam, insert, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
-from core.db import DbTime, Job, Sweep, db_now, utcnow
+from core.db import DbTime, Job, JobTag, Sweep, db_now, utcnow
 from core.errors import JobSuperseded
+from core.labels import Labels, name_key
 from core.spec import SPEC_VERSION, TERMINAL, JobSpec, JobStatus, Priority
 from core.store.lifecycle import move, requeued, running_attempt, updated
 
@@ -37,22 +38,35 @@ def create_job(
     owner: str | None,
     idempotency_key: str | None = None,
     queue_entry: str | None = None,
+    labels: Labels | None = None,
 ) -> Job:
     """A queued job. `spec` is raw JSON only for a job that came straight from the queue with
     a spec that did not validate: it is kept as sent, and the job is failed at once."""
-    job = new_job(job_id=job_id, spec=spec, owner=owner, idempotency_key=idempotency_key)
+    job = new_job(
+        job_id=job_id, spec=spec, owner=owner, idempotency_key=idempotency_key, labels=labels
+    )
     if queue_entry is not None:
         job.queue_entry = queue_entry
     s.add(job)
     s.flush()
+    rows = tag_rows(job)
+    if rows:
+        s.execute(insert(JobTag), rows)
     return job
 
 
 def new_job(
-    *, job_id: str, spec: JobSpec | dict[str, Any], owner: str | None, idempotency_key: str | None
+    *,
+    job_id: str,
+    spec: JobSpec | dict[str, Any],
+    owner: str | None,
+    idempotency_key: str | None,
+    labels: Labels | None = None,
 ) -> Job:
     """A queued job, not yet in any session (create_job, or insert_jobs for many). Its
     enqueued_at is the database's clock at the insert (the column's default)."""
+    labels = labels or Labels()
+    dataset, model = _searched(spec)
     return Job(
         id=job_id,
         owner=owner,
@@ -69,7 +83,35 @@ def new_job(
         progress_step=0,
         progress_epoch=0,
         cancel_requested=False,
+        name=labels.name,
+        name_key=name_key(labels.name),
+        notes=labels.notes,
+        tags=list(labels.tags),
+        dataset=dataset,
+        model=model,
     )
+
+
+def _searched(spec: JobSpec | dict[str, Any]) -> tuple[str | None, str | None]:
+    """The data set and architecture GET /jobs filters by, from the spec (a raw one, as
+    migration 0016 reads stored specs: a spec without `model` trains the cnn)."""
+    if isinstance(spec, JobSpec):
+        return spec.dataset, spec.model.value
+    dataset, model = spec.get("dataset"), spec.get("model", "cnn")
+    return (
+        dataset[:64] if isinstance(dataset, str) else None,
+        model[:32] if isinstance(model, str) else None,
+    )
+
+
+def tag_rows(job: Job, tags: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The job_tags rows (for insert(JobTag)) of `tags`, by default all the job's: what the
+    search finds it by, each with the job's owner and creation time."""
+    chosen = (job.tags or ()) if tags is None else tags
+    return [
+        {"job_id": job.id, "tag": tag, "owner": job.owner, "created_at": job.created_at}
+        for tag in chosen
+    ]
 
 
 def _rank(spec: JobSpec | dict[str, Any]) -> int:
@@ -85,35 +127,13 @@ def insert_jobs(s: Session, *, jobs: Sequence[Job]) -> None:
     columns = [c.key for c in Job.__table__.columns]
     rows = [{k: job.__dict__[k] for k in columns if k in job.__dict__} for job in jobs]
     s.execute(insert(Job), rows)
+    tags = [row for job in jobs for row in tag_rows(job)]
+    if tags:
+        s.execute(insert(JobTag), tags)
 
 
 def get_job(s: Session, *, job_id: str) -> Job | None:
     return s.get(Job, job_id)
-
-
-def list_jobs(
-    s: Session,
-    *,
-    owner: str | None,
-    all_owners: bool,
-    status: JobStatus | None,
-    before: tuple[str, str] | None,
-    limit: int,
-    sweep_id: str | None = None,
-    id_prefix: str | None = None,
-) -> Sequence[Job]:
-    """Newest first. `before` is the (created_at iso, id) of the last job of the previous page;
-    `id_prefix`, the start of the ids wanted."""
-    q = select(Job)
-    if not all_owners:
-        q = q.where(Job.owner == owner)
-    if id_prefix is not None:
-        q = q.where(Job.id.startswith(id_prefix, autoescape=True))
-    if status is not None:
-        q = q.where(Job.status == status)
-    if sweep_id is not None:
-        q = q.where(Job.sweep_id == sweep_id)
-    return s.scalars(newest_first(q, Job, before, limit)).all()
 
 
 def newest_first(q: Q, model: type[Job | Sweep], before: tuple[str, str] | None, limit: int) -> Q:

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from core.db import AttemptTime, Checkpoint, DbTime, Job, db_now
 from core.spec import JobStatus
+from core.webhooks.outbox import record_job_end
 
 queued, running = JobStatus.queued, JobStatus.running
 
@@ -114,7 +115,8 @@ def move(
     """The one write of jobs.status: the declared move into `to`, its guards in the UPDATE's
     WHERE (a compare-and-set: only one of any racing callers wins). True if it moved; the
     attempt's time then starts (a claim) or ends (a move off running or to an end), and an
-    ended job's checkpoint goes, in the same transaction."""
+    ended job's checkpoint goes and its webhook event is written (core.webhooks.outbox), in
+    the same transaction."""
     t = transition(to, sources)
     given = {Guard.attempt: attempt, Guard.entry: entry, Guard.silent: silent_since}
     _check_guards(t, {g for g, v in given.items() if v is not None})
@@ -132,6 +134,7 @@ def move(
         return True
     if t.ends:
         s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
+        record_job_end(s, job_id=job_id, status=to)  # the outbox: only when this move won
     end_attempt_time(s, job_id=job_id)
     return True
 

@@ -5,15 +5,24 @@ a success). An attempt that no longer owns its job writes nothing. See docs/jobs
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
 from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.orm import Session
 
 from core.db import Artifact, Checkpoint, EpochMetric, Job, StepMetric, allow_time_for
-from core.spec import JobStatus
+from core.spec import (
+    BEFORE_FIELD,
+    BUILT_IN_IMAGES,
+    JobSpec,
+    JobStatus,
+    stored_spec,
+    user_dataset_id,
+)
 from core.store.jobs import fence
 from core.store.lifecycle import move, requeued
 
@@ -88,12 +97,14 @@ def succeed_job(
     models: Sequence[ExportedModel],
     weights: bytes = b"",
 ) -> bool:
-    """running -> succeeded with its result, run record and its model in each verified
-    format, and its weights (what init_from starts from); the checkpoint goes
-    (lifecycle.move). False if the attempt no longer owns the job."""
+    """running -> succeeded with its result (its figures copied to the row's final_*
+    columns, what GET /jobs sorts by), run record and its model in each verified format,
+    and its weights (what init_from starts from); the checkpoint goes (lifecycle.move).
+    False if the attempt no longer owns the job."""
     if not move(
         s, job_id, JobStatus.succeeded, attempt=attempt,
         result=result, record=record, error_code=None, error_message=None,
+        **final_figures(job_id, result),
     ):  # fmt: skip
         return False
     s.execute(delete(Artifact).where(Artifact.job_id == job_id))
@@ -106,6 +117,31 @@ def succeed_job(
         digest, size = hashlib.sha256(weights).hexdigest(), len(weights)
         s.add(Artifact(job_id=job_id, format=WEIGHTS, data=weights, sha256=digest, size=size))
     return True
+
+
+def final_figures(job_id: str, result: dict[str, Any]) -> dict[str, Any]:
+    """The row's final_* columns of a job that succeeded with `result` (core.train's
+    TrainResult.summary: its last epoch's test and train figures); the train accuracy, which
+    the result leaves out, is read from the last epoch stored, in the same UPDATE."""
+    last_epoch = (
+        select(EpochMetric.train_accuracy)
+        .where(EpochMetric.job_id == job_id)
+        .order_by(EpochMetric.epoch.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    figures = {f"final_{k}": _number(result.get(k)) for k in FROM_RESULT}
+    return {**figures, "final_train_accuracy": last_epoch}
+
+
+FROM_RESULT = ("test_accuracy", "test_loss", "train_loss", "images_per_second", "duration_s")
+
+
+def _number(value: Any) -> float | None:
+    """A finite figure, or None (an index orders no NaN the same on both databases)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 # Not a model format that is offered for download: the trained weights as a state_dict,
@@ -122,13 +158,50 @@ class StartWeights:
 def start_weights(s: Session, *, job_id: str, owner: str | None) -> StartWeights | None:
     """The trained weights of `owner`'s own succeeded job `job_id`, or None: another owner's
     job is answered exactly as a missing one."""
+    job = _startable(s, job_id, owner)
+    art = None if job is None else s.get(Artifact, (job_id, WEIGHTS))
+    if job is None or art is None:
+        return None
+    return StartWeights(str(job.spec.get("model", "cnn")), art.data)
+
+
+@dataclass(frozen=True)
+class StartSource:
+    """What the weights of a job that init_from names were trained for: its spec, and its
+    images' (C, H, W) where known."""
+
+    spec: JobSpec
+    image_shape: tuple[int, int, int] | None
+
+
+def start_source(s: Session, *, job_id: str, owner: str | None) -> StartSource | None:
+    """What `owner`'s own succeeded job `job_id` trained its weights for, or None as
+    start_weights answers None; the weights themselves are not read."""
+    job = _startable(s, job_id, owner)
+    stored = select(Artifact.size).where(Artifact.job_id == job_id, Artifact.format == WEIGHTS)
+    if job is None or s.scalar(stored) is None:
+        return None
+    try:
+        spec = stored_spec(job.spec)
+    except ValidationError:  # a data set no longer offered: its other fields still read
+        spec = JobSpec.model_construct(**{**BEFORE_FIELD, **job.spec})
+    return StartSource(spec, _trained_shape(spec, job.record))
+
+
+def _startable(s: Session, job_id: str, owner: str | None) -> Job | None:
     job = s.get(Job, job_id)
     if job is None or job.owner != owner or job.status != JobStatus.succeeded:
         return None
-    art = s.get(Artifact, (job_id, WEIGHTS))
-    if art is None:
-        return None
-    return StartWeights(str(job.spec.get("model", "cnn")), art.data)
+    return job
+
+
+def _trained_shape(spec: JobSpec, record: dict[str, Any] | None) -> tuple[int, int, int] | None:
+    """The shape the run record wrote; a built-in set's for a record without one."""
+    shape = ((record or {}).get("dataset") or {}).get("image_shape")
+    if isinstance(shape, list) and len(shape) == 3 and all(isinstance(n, int) for n in shape):
+        c, h, w = shape
+        return c, h, w
+    return BUILT_IN_IMAGES[0] if user_dataset_id(spec.dataset) is None else None
 
 
 def _replace_steps(s: Session, job_id: str, first: int, steps: Sequence[StepMetrics]) -> None:

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, load_only
 from core.db import EpochMetric, Job, Sweep, db_now
 from core.spec import JobStatus
 from core.store.jobs import newest_first
+from core.webhooks.outbox import record_sweep_end
 
 
 class SweepStatus(StrEnum):
@@ -103,13 +104,17 @@ def epochs_of(s: Session, *, sweep_id: str) -> dict[str, list[EpochMetric]]:
 
 
 def end_sweep(s: Session, *, sweep_id: str, status: SweepStatus) -> bool:
-    """running -> `status`; False if it had ended already."""
+    """running -> `status`; False if it had ended already. The sweep's webhook event is
+    written (core.webhooks.outbox) in the same transaction, only by the call that ended it."""
     res = s.execute(
         update(Sweep)
         .where(Sweep.id == sweep_id, Sweep.status == SweepStatus.running)
         .values(status=status, finished_at=db_now(), waiting=None)
     )
-    return bool(res.rowcount)  # type: ignore[attr-defined]
+    if not res.rowcount:  # type: ignore[attr-defined]
+        return False
+    record_sweep_end(s, sweep_id=sweep_id)
+    return True
 
 
 def set_trial_attrs(s: Session, *, job_id: str, attrs: dict[str, object]) -> None:

@@ -1,15 +1,13 @@
 """`SweepSpec`: one experiment of many trials. A base JobSpec, a search space over JobSpec's
 own fields, an objective read from the epoch record, and the Optuna sampler and pruner that
 choose and stop trials. Every trial is an ordinary job whose spec is the base with the
-trial's values; `bound_problems` refuses a space that could sample a spec JobSpec refuses.
-See docs/sweeps.md."""
+trial's values; core.sweeps.bounds refuses a space that could sample a spec POST /jobs
+would refuse. See docs/sweeps.md."""
 
 from __future__ import annotations
 
 import functools
-import itertools
 import json
-import math
 import types
 from enum import StrEnum
 from typing import Annotated, Any, Union, cast, get_args, get_origin
@@ -24,18 +22,17 @@ from pydantic import (
     model_validator,
 )
 
-from core.model_sizes import model_too_large
+from core.recipes import RECIPES, Recipe
 from core.spec import JobSpec
 
 MAX_DIMENSIONS = 12
-MAX_CORNERS = 4096  # the corners of the space checked against JobSpec, each a validation
 MAX_CHOICES = 64
 MAX_TRIALS = 500
 MAX_PARALLEL = 64
 # Set in the base only, where they are checked as POST /jobs checks them (an uploaded set
 # must be the key's own): a trial's data set is the base's, since one objective over
 # different data would compare nothing; the formats are a tuple, not a value to search.
-NOT_SEARCHED = frozenset({"dataset", "export"})
+NOT_SEARCHED = frozenset({"dataset", "export", "recipe_filled"})  # the last is trainq's to set
 
 Scalar = bool | int | float | str | None
 
@@ -237,14 +234,20 @@ class SweepSpec(BaseModel):
         return max(int(v) for v in self._values_of("epochs"))
 
     def _values_of(self, field: str) -> list[Any]:
+        """The values a trial's `field` may take at a corner of the space. A knob the base
+        left to its recipe is each trial's recipe's (trial_spec), not the base's."""
         dim = self.dimensions.get(field)
         if dim is not None:
             return [v for v in dim.extremes() if v is not None]
-        return [self.fixed.get(field, getattr(self.base, field))]
+        if field in self.fixed:
+            return [self.fixed[field]]
+        if field in self.base.recipe_filled:
+            return [RECIPES[Recipe(r)][field] for r in self._values_of("recipe")]
+        return [getattr(self.base, field)]
 
     def trial_spec(self, params: dict[str, Any]) -> JobSpec:
         """The job of a trial: the base, the fixed values, then the trial's own."""
-        return JobSpec.model_validate({**self.base.model_dump(mode="json"), **self.fixed, **params})
+        return JobSpec.model_validate({**self.base.submitted(), **self.fixed, **params})
 
 
 def _as_jobspec_reads(name: str, value: Dimension | Scalar) -> Dimension | Scalar:
@@ -298,80 +301,3 @@ def _field_kind(name: str) -> str:
     if annotation is int:
         return "int"
     return "float" if annotation is float else "other"
-
-
-def bound_problems(
-    spec: SweepSpec, images: tuple[tuple[int, int, int], int] | None = None
-) -> list[dict[str, Any]]:
-    """Where the space could sample a spec that JobSpec refuses, shaped like FastAPI's 422
-    details (`loc` names the field): each value alone against the base first, then every
-    corner of the space together (a cross-field rule such as min_lr <= lr). `images`, the
-    (C, H, W) shape and classes of the base's uploaded set: each corner's model must fit it,
-    as POST /jobs checks."""
-    base = {**spec.base.model_dump(mode="json"), **spec.fixed}
-    problems = _alone(spec, base)
-    if problems:
-        return problems
-    names = list(spec.dimensions)
-    corners = math.prod(len(spec.dimensions[n].extremes()) for n in names)
-    if corners > MAX_CORNERS:
-        return [
-            {
-                "loc": ["body", "space"],
-                "msg": f"the space has {corners:,} corners to check against JobSpec (each "
-                f"range's ends, each numeric choice's ends, every other choice): at most "
-                f"{MAX_CORNERS:,}; search fewer names and flags at once",
-                "type": "space_too_large",
-            }
-        ]
-    for corner in itertools.product(*(spec.dimensions[n].extremes() for n in names)):
-        values = dict(zip(names, corner, strict=True))
-        at = ", ".join(f"{k}={v!r}" for k, v in values.items())
-        try:
-            trial = JobSpec.model_validate({**base, **values})
-        except ValidationError as e:
-            msg = "; ".join(err["msg"] for err in e.errors())
-            return [
-                {
-                    "loc": ["body", "space"],
-                    "msg": f"at {at} the trial's spec is refused: {msg}",
-                    "type": "space_outside_jobspec",
-                }
-            ]
-        too_large = images and model_too_large(trial, *images)
-        if too_large:
-            msg = f"at {at} the trial's model is too large: {too_large}"
-            return [{"loc": ["body", "space"], "msg": msg, "type": "model_too_large"}]
-    return []
-
-
-def _alone(spec: SweepSpec, base: dict[str, Any]) -> list[dict[str, Any]]:
-    try:
-        JobSpec.model_validate(base)
-    except ValidationError as e:
-        return [
-            {
-                "loc": ["body", "space", *map(str, err["loc"])],
-                "msg": err["msg"],
-                "type": err["type"],
-            }
-            for err in e.errors()
-        ]
-    problems = []
-    for name, dim in spec.dimensions.items():
-        for value in dim.choice if dim.choice is not None else dim.extremes():
-            try:
-                JobSpec.model_validate({**base, name: value})
-            except ValidationError as e:
-                own = [err for err in e.errors() if tuple(err["loc"][:1]) == (name,)]
-                if own:
-                    problems.append(
-                        {
-                            "loc": ["body", "space", name, dim.form],
-                            "msg": f"{value!r} is outside JobSpec's {name}: {own[0]['msg']}",
-                            "type": "space_outside_jobspec",
-                            "input": value,
-                        }
-                    )
-                    break
-    return problems

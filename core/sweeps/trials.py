@@ -17,8 +17,10 @@ from sqlalchemy.orm import Session
 from core.config import Settings
 from core.db import Database, EpochMetric, Job, Sweep, as_utc, utcnow
 from core.errors import QuotaExceeded
+from core.labels import NAME_MAX, Labels
 from core.queue import enqueue_or_leave
 from core.quotas import JobQuotas, lock_owner
+from core.recipes import with_recipe
 from core.spec import JobStatus
 from core.store import insert_jobs, new_job, request_cancel, spec_hash
 from core.store.sweeps import (
@@ -74,9 +76,11 @@ def create(
     owner: str | None,
     quota_owner: str | None,
     idempotency_key: str | None,
+    labels: Labels | None = None,
 ) -> tuple[Sweep, list[Job]]:
     """A new sweep and its first trials, in the caller's transaction. Raises QuotaExceeded
     past the key's running sweeps, or when not even one trial may be queued now."""
+    labels = labels or Labels()
     if quota_owner is not None:
         _room_for_a_sweep(s, settings, quota_owner)
     sweep = Sweep(
@@ -89,6 +93,9 @@ def create(
         request_hash=spec_hash(spec.model_dump(mode="json")),
         trials_created=0,
         created_at=utcnow(),
+        name=labels.name,
+        notes=labels.notes,
+        tags=list(labels.tags),
     )
     s.add(sweep)
     s.flush()
@@ -185,16 +192,30 @@ def _trial_job(
         trial_spec: Any = spec.trial_spec(params)
     except ValidationError:
         # Outside JobSpec for a reason the space's check could not see (an uploaded set's
-        # shape): the job is made as asked and its worker fails it with the reason.
-        trial_spec = {**spec.base.model_dump(mode="json"), **spec.fixed, **params}
+        # shape): the job is made as asked and its worker fails it with the reason. Its
+        # recipe's knobs are written in, as a valid spec's are: a row without them reads as
+        # one stored before they existed (core.spec.stored_spec).
+        trial_spec = with_recipe({**spec.base.submitted(), **spec.fixed, **params})
     job = new_job(
-        job_id=str(uuid.uuid4()), spec=trial_spec, owner=sweep.owner, idempotency_key=None
+        job_id=str(uuid.uuid4()),
+        spec=trial_spec,
+        owner=sweep.owner,
+        idempotency_key=None,
+        labels=trial_labels(sweep, number),
     )
     job.sweep_id = sweep.id
     job.trial_number = number
     job.trial_params = params
     job.trial_attrs = attrs
     return job
+
+
+def trial_labels(sweep: Sweep, number: int) -> Labels:
+    """A new trial's: the sweep's tags as they are now, and its name with the trial's number
+    (`<name> #<n>`, the name cut to fit); no notes."""
+    mark = f" #{number}"
+    name = f"{sweep.name[: NAME_MAX - len(mark)].rstrip()}{mark}" if sweep.name else None
+    return Labels.model_construct(name=name, tags=tuple(sweep.tags or ()), notes=None)
 
 
 def enqueue(r: Redis, settings: Settings, jobs: Sequence[Job]) -> None:
@@ -281,6 +302,9 @@ def report(s: Session, sweep: Sweep) -> dict[str, Any]:
     return {
         "id": sweep.id,
         "status": sweep.status,
+        "name": sweep.name,
+        "tags": sweep.tags or [],
+        "notes": sweep.notes,
         "spec": sweep.spec,
         "objective": {"metric": metric, "direction": goal.value},
         "created_at": as_utc(sweep.created_at),

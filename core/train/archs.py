@@ -1,8 +1,8 @@
 """The architectures a job can train: the seed's CNN (core.train.model.Net), torchvision's
-own builders (weights=None) and EfficientNet-Lite0 (ImageNet weights when pretrained), each
-with its stem adapted to the set's input channels and, at 64 px a side or less, to small
-images as CIFAR practice does; the classifier sized to the set's classes. See
-docs/models.md."""
+own builders and EfficientNet-Lite0, ImageNet weights loaded when pretrained
+(core.train.torchvision_pretrained, core.train.pretrained), each with its stem adapted to
+the set's input channels and, at 64 px a side or less, to small images as CIFAR practice
+does; the classifier sized to the set's classes. See docs/models.md."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from core.model_sizes import SMALL_INPUT
 from core.spec import Architecture, JobSpec
 from core.train.model import Net
 from core.train.pretrained import SameConv2d, efficientnet_lite0, fit_padding
+from core.train.torchvision_pretrained import load_imagenet_weights
 
 
 @dataclass(frozen=True)
@@ -60,13 +61,18 @@ def build_model(spec: JobSpec, image_shape: tuple[int, int, int], num_classes: i
         return lite
     net: nn.Module = getattr(tv, spec.model.value)(weights=None, num_classes=num_classes)
     if spec.model in (Architecture.resnet18, Architecture.resnet34):
-        net.conv1 = _stem(c, 64, 3 if small else 7, 1 if small else 2)
+        stem = "conv1"
+        kernel = 7 if spec.pretrained or not small else 3  # pretrained: keep its 7×7 kernels
+        net.conv1 = _stem(c, 64, kernel, 1 if small else 2)
         if small:  # CIFAR practice: no max-pool, so a 32 px image is not 8 px after the stem
             net.maxpool = nn.Identity()
     else:  # MobileNetV3, EfficientNet: features[0] is conv+BN+activation
+        stem = "features.0.0"
         first = cast(nn.Sequential, net.get_submodule("features.0"))
         out = cast(nn.Conv2d, first[0]).out_channels
         first[0] = _stem(c, out, 3, 1 if small else 2)
+    if spec.pretrained:
+        load_imagenet_weights(net, spec.model, stem, PARTS[spec.model].class_layer)
     return net
 
 

@@ -21,9 +21,10 @@ from torchvision import datasets, transforms
 
 from core.data_sources import SOURCES, install_hint, verify_installed
 from core.errors import DatasetNotFound
-from core.spec import user_dataset_id
+from core.spec import USER_DATASETS, user_dataset_id
 from core.train.augment import Augmenter
 from core.train.mnist_sample import IDX_FILES, write_mnist_sample
+from core.train.normalization import Normalization
 
 _TORCHVISION = {
     "mnist": datasets.MNIST,
@@ -59,6 +60,9 @@ class Dataset:
     sha256: str  # of the uint8 images and labels, train then test
     num_classes: int
     classes: tuple[str, ...]  # a name per class number: folder names, or the set's own
+    # What the model's input is normalised by: the set's mean and std as loaded; a run may
+    # choose another (core.train.normalization), and every path that feeds the model reads it.
+    normalization: Normalization
     fit: str | None = None  # how an upload of photos was resized (core.photos); else None
 
     @property
@@ -71,7 +75,7 @@ def dataset_root(name: str, data_dir: Path) -> Path:
     """mnist-sample lives apart so that it never shadows a full MNIST in the same folder;
     uploaded sets ("ds:<id>") are canonical .npz files that the worker places by id."""
     if user_dataset_id(name) is not None:
-        return data_dir / "datasets" / "by-id"
+        return data_dir.joinpath(*USER_DATASETS)
     return data_dir / "mnist-sample" if name == "mnist-sample" else data_dir
 
 
@@ -96,6 +100,7 @@ def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Datase
         stored = _Stored(names=BUILT_IN_CLASSES[name])
     n = stored.num_classes or int(max(train.labels.max(), test.labels.max())) + 1
     mean, std = stored.stats or _channel_stats(train.images)
+    std = tuple(max(MIN_STD, v) for v in std)  # a NaN std (one pixel) gives MIN_STD too
     digest = hashlib.sha256()
     for t in (train.images, train.labels, test.images, test.labels):
         digest.update(t.contiguous().numpy().tobytes())
@@ -105,10 +110,11 @@ def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Datase
         train=train,
         test=test,
         mean=mean,
-        std=tuple(max(MIN_STD, v) for v in std),  # a NaN std (one pixel) gives MIN_STD too
+        std=std,
         sha256=digest.hexdigest(),
         num_classes=n,
         classes=class_names(stored.names, n),
+        normalization=Normalization(mean, std),
         fit=stored.fit,
     )
 
@@ -301,12 +307,11 @@ def loader_batches(
     """The article's input pipeline: ToTensor + Normalize per PIL image in DataLoader workers
     (per uint8 tensor for an uploaded data set, which has no torchvision loader)."""
     ds: _NormalizedImages | datasets.MNIST
+    norm = dataset.normalization
     if user_dataset_id(dataset.name) is not None:
-        ds = _NormalizedImages(dataset.train, dataset.mean, dataset.std)
+        ds = _NormalizedImages(dataset.train, norm.mean, norm.std)
     else:
-        tf = transforms.Compose(
-            [transforms.ToTensor(), transforms.Normalize(dataset.mean, dataset.std)]
-        )
+        tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(norm.mean, norm.std)])
         ds = _torchvision_set(dataset.name, dataset.root, train=True, download=False, transform=tf)
     g = torch.Generator().manual_seed(seed)
     loader = DataLoader(

@@ -1,5 +1,6 @@
 """The trained model in the formats a job asks for (TorchScript, torch.export's .pt2, ONNX),
-each checked in a fresh process against the trained model's logits before it is offered.
+each checked in a fresh process (core.train.checker) against the trained model's logits
+before it is offered; each format's check runs while the next one exports.
 
 Every format is made from the same fp32 CPU copy of the eval model (portable: load it
 anywhere, then `.to()`), wrapped so that it takes images as floats in [0, 1]. A format that
@@ -10,34 +11,34 @@ See docs/api.md ("Model formats")."""
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import io
-import json
-import os
-import subprocess
-import sys
-import threading
+import logging
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.onnx._constants import ONNX_DEFAULT_OPSET
 
 from core.errors import ExportCheckUnavailable, ExportMismatch
 from core.spec import ExportFormat
-from core.train import verify_export
+from core.train.checker import Checker, Pending, answers, shared
 from core.train.data import Dataset
 from core.train.device import is_out_of_memory
 from core.train.metrics import ExportedModel
 from core.train.model import Net, Normalized
 from core.train.model_card import model_metadata
+from core.train.verify_export import as_bytes
 
-VERIFIER = Path(__file__).with_name("verify_export.py")
+log = logging.getLogger("trainq.export")
+
+ONNX_OPSET = ONNX_DEFAULT_OPSET  # torch.onnx.export's own default
 VERIFY_TIMEOUT_S = 120.0  # Settings.export_check_timeout_s; progress is reported while it runs
 MAX_BATCH = 65536  # JobSpec's largest batch_size
 
@@ -71,15 +72,99 @@ def export_models(
     meta = model_metadata(data)
     with torch.inference_mode():
         expected = wrapped(x)
-    with fresh_checker(formats) as checker:
-        blobs, report = _export_each(wrapped, x, formats, meta, progress)
-        checked = check_in_fresh_process(
-            checker, blobs, x, expected, meta, timeout_s=check_timeout_s, progress=progress
-        )
+    with _checker() as asker:
+        ask = Ask(asker, x, expected, meta, check_timeout_s)
+        blobs, report, pending = _export_each(wrapped, x, formats, meta, progress, ask)
+        checked = _answered(ask, blobs, pending, progress)
     progress()
+    for fmt, entry in checked.items():
+        entry.pop("pid", None)
+        report[fmt]["check_s"] = entry.pop("check_s", None)  # its load and run, in the check
+        report[fmt]["waited_s"] = entry.pop("waited_s", None)  # asked -> answered
     models = _offered(blobs, checked, tolerance(expected), report)
     _required(formats, models, report)
     return Exports(models, report, time.perf_counter() - started)
+
+
+@dataclass
+class Ask:
+    """How each exported format goes to be checked: to the worker's checker, or to one
+    started for this export when there is none or it is gone."""
+
+    checker: Asker
+    x: torch.Tensor
+    expected: torch.Tensor
+    meta: dict[str, str]
+    timeout_s: float
+    arrays: tuple[bytes, bytes] = field(init=False)  # x's and expected's bytes, made once
+
+    def __post_init__(self) -> None:
+        self.arrays = (as_bytes(self.x), as_bytes(self.expected))
+
+    def __call__(self, fmt: ExportFormat, blob: bytes) -> Pending:
+        args = (fmt.value, blob, self.x, self.expected, self.meta, self.timeout_s, self.arrays)
+        try:
+            return self.checker.get().ask(*args)
+        except OSError as e:
+            log.warning("the worker's checker is gone (%s): starting one for this job", e)
+            return self.checker.own().ask(*args)
+
+
+def _answered(
+    ask: Ask,
+    blobs: dict[ExportFormat, bytes],
+    pending: list[Pending],
+    progress: Callable[[], None],
+) -> dict[str, dict[str, Any]]:
+    """The checks' answers. A checker that answers none in time is killed (stuck or broken:
+    the worker starts another for the next job); where the worker's checker ended a check
+    unanswered (it died, or the worker with it, while this horse lives on) the formats are
+    asked again, of a checker of this export's own, in the time left."""
+    deadline = time.monotonic() + ask.timeout_s
+    try:
+        return answers(pending, ask.timeout_s, progress)
+    except ExportCheckUnavailable as e:
+        ask.checker.get().kill()
+        if ask.checker.mine is not None or time.monotonic() >= deadline:
+            raise
+        log.warning("the worker's checker answered no check (%s): asking one of our own", e)
+    ask.checker.own()
+    again = [ask(ExportFormat(p.fmt), blobs[ExportFormat(p.fmt)]) for p in pending]
+    return answers(again, deadline - time.monotonic(), progress)
+
+
+class Asker:
+    """The worker's shared checker if there is one, else (or once it fails) one of our own,
+    closed with the export."""
+
+    def __init__(self) -> None:
+        self.mine: Checker | None = None
+        self.current = shared()
+        if self.current is None:
+            self.current = self.own()
+
+    def get(self) -> Checker:
+        assert self.current is not None
+        return self.current
+
+    def own(self) -> Checker:
+        if self.mine is None:
+            self.mine = Checker.start()
+        self.current = self.mine
+        return self.mine
+
+    def close(self) -> None:
+        if self.mine is not None:
+            self.mine.close()
+
+
+@contextmanager
+def _checker() -> Iterator[Asker]:
+    asker = Asker()
+    try:
+        yield asker
+    finally:
+        asker.close()
 
 
 def _export_each(
@@ -88,10 +173,13 @@ def _export_each(
     formats: Sequence[ExportFormat],
     meta: dict[str, str],
     progress: Callable[[], None],
-) -> tuple[dict[ExportFormat, bytes], dict[str, dict[str, Any]]]:
-    """Each format's bytes, and the report of each: its export time or why it failed."""
+    ask: Callable[[ExportFormat, bytes], Pending],
+) -> tuple[dict[ExportFormat, bytes], dict[str, dict[str, Any]], list[Pending]]:
+    """Each format's bytes, the report of each (its export time or why it failed), and its
+    check, asked as soon as it is exported."""
     blobs: dict[ExportFormat, bytes] = {}
     report: dict[str, dict[str, Any]] = {}
+    pending: list[Pending] = []
     exported: torch.export.ExportedProgram | None = None  # pt2's, which ONNX starts from
     for fmt in formats:
         t0 = time.perf_counter()
@@ -109,15 +197,16 @@ def _export_each(
             report[fmt] = {"ok": False, "error": f"export failed: {type(e).__name__}: {e}"[:500]}
         else:
             report[fmt] = {"export_s": round(time.perf_counter() - t0, 3)}
+            pending.append(ask(fmt, blobs[fmt]))
         progress()
-    return blobs, report
+    return blobs, report, pending
 
 
 def _portable(model: nn.Module, data: Dataset) -> Normalized:
     net = copy.deepcopy(model).float().cpu().to(memory_format=torch.contiguous_format).eval()
     if isinstance(net, Net):
         net.gradient_checkpointing = False
-    return Normalized(net, data.mean, data.std).eval()
+    return Normalized(net, data.normalization.mean, data.normalization.std).eval()
 
 
 def _exported_program(wrapped: Normalized, x: torch.Tensor) -> torch.export.ExportedProgram:
@@ -141,9 +230,14 @@ def _pt2(exported: torch.export.ExportedProgram, meta: dict[str, str]) -> bytes:
 
 def _onnx(exported: torch.export.ExportedProgram, x: torch.Tensor, meta: dict[str, str]) -> bytes:
     # From the ExportedProgram already made (its dynamic batch included): a third of the
-    # time of exporting the module again. The opset is the exporter's default.
-    program = torch.onnx.export(exported, (x,), dynamo=True, verbose=False)
-    assert program is not None  # dynamo=True always returns the program
+    # time of exporting the module again. What torch.onnx.export(dynamo=True) does, with the
+    # table of ONNX functions built once per process (onnx_registry): building it is most
+    # of a small model's export. The opset is the exporter's default.
+    from torch.onnx._internal.exporter import _core
+
+    program = _core.export(
+        exported, (x,), registry=onnx_registry(), opset_version=ONNX_OPSET, verbose=False
+    )
     proto = program.model_proto
     for key, value in meta.items():
         entry = proto.metadata_props.add()
@@ -152,75 +246,47 @@ def _onnx(exported: torch.export.ExportedProgram, x: torch.Tensor, meta: dict[st
     return blob
 
 
+@functools.cache
+def onnx_registry() -> Any:
+    """The ONNX exporter's table of ONNX Script functions for ONNX_OPSET, as
+    torch.onnx.export builds it at every call (half a second of parsing their source)."""
+    from torch.onnx._internal.exporter import _registration
+
+    return _registration.ONNXRegistry.from_torchlib(opset_version=ONNX_OPSET)
+
+
+def warm_up() -> None:
+    """What a worker does once, before it forks work horses, so that no job pays it: the
+    ONNX functions' table built, and a two-weight model exported to each format. Fake
+    tensors and tensors of one element (too small for any op to go parallel): nothing starts
+    a thread pool that the fork would lose, nor a thread (tqdm's monitor, which torch.fx's
+    interpreter starts) that could hold a lock as the horse is forked. Nor does it set
+    torch's thread count, which makes a pool of its own that horses then remake racing."""
+    with _no_tqdm_monitor():
+        _warm_exports()
+
+
+def _warm_exports() -> None:
+    wrapped = Normalized(nn.Sequential(nn.Flatten(), nn.Linear(1, 1)), (0.0,), (1.0,))
+    x = torch.zeros(2, 1, 1, 1)
+    program = _exported_program(wrapped.eval(), x)
+    _pt2(program, {})
+    _onnx(program, x, {})
+
+
 @contextmanager
-def fresh_checker(formats: Sequence[ExportFormat]) -> Iterator[subprocess.Popen[bytes]]:
-    """A new Python process that will check the formats (core.train.verify_export): what a
-    user who downloads them does. Started before the exports, so that its imports (torch's
-    seconds) overlap them; it waits for what to check on its stdin. It dies with the
-    process that started it (a worker killed with -9 leaves no checker behind)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-P", str(VERIFIER), f"--parent={os.getpid()}", *formats],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+def _no_tqdm_monitor() -> Iterator[None]:
     try:
-        yield proc
+        from tqdm import tqdm
+    except ImportError:
+        yield
+        return
+    interval = tqdm.monitor_interval
+    tqdm.monitor_interval = 0  # no monitor thread for the bars made meanwhile
+    try:
+        yield
     finally:
-        if proc.poll() is None:  # the export failed before the check
-            proc.kill()
-            proc.communicate()
-
-
-def check_in_fresh_process(
-    checker: subprocess.Popen[bytes],
-    blobs: dict[ExportFormat, bytes],
-    x: torch.Tensor,
-    expected: torch.Tensor,
-    meta: dict[str, str] | None = None,
-    *,
-    timeout_s: float = VERIFY_TIMEOUT_S,
-    progress: Callable[[], None] = lambda: None,
-) -> dict[str, dict[str, Any]]:
-    """Each blob loaded and run by `checker` on `x`, and its metadata read back and compared
-    with `meta`. Per format: max_abs_diff, or error.
-    Everything goes over the pipe: no temporary file. While it waits, `progress` is called
-    every few seconds (the worker's heartbeat sees a live attempt). A checker that cannot
-    answer (killed, out of time, unreadable output) is ExportCheckUnavailable: not the
-    model's fault, and the job is retried rather than failed as a mismatch."""
-    data = verify_export.encode(x, expected, {f.value: b for f, b in blobs.items()}, meta)
-    answer: list[tuple[bytes, bytes]] = []
-    # communicate() in a thread: one call with a timeout and a retry would drop the input
-    # not yet written (CPython sends input only on the first call).
-    talk = threading.Thread(target=lambda: answer.append(checker.communicate(data)), daemon=True)
-    talk.start()
-    deadline = time.monotonic() + timeout_s
-    while talk.is_alive():
-        talk.join(timeout=min(5.0, max(deadline - time.monotonic(), 0.01)))
-        if talk.is_alive():
-            progress()
-            if time.monotonic() >= deadline:
-                checker.kill()
-                talk.join()
-                raise ExportCheckUnavailable(
-                    f"the fresh process checking the model's formats did not finish in "
-                    f"{timeout_s:.0f} s"
-                )
-    if not answer:
-        raise ExportCheckUnavailable("the fresh process checking the model's formats failed")
-    out, err = answer[0]
-    if checker.returncode != 0:
-        tail = err.decode(errors="replace").strip()[-300:]
-        raise ExportCheckUnavailable(
-            f"the fresh process checking the model's formats exited {checker.returncode}: {tail}"
-        )
-    try:
-        checked: dict[str, dict[str, Any]] = json.loads(out)
-    except ValueError as e:
-        raise ExportCheckUnavailable(
-            f"the fresh process checking the model's formats answered no JSON ({e})"
-        ) from e
-    return checked
+        tqdm.monitor_interval = interval
 
 
 def _offered(

@@ -27,9 +27,10 @@ from core.train.device import (
 from core.train.epoch import Limits, train_epoch
 from core.train.export import VERIFY_TIMEOUT_S, Exports, export_models
 from core.train.metrics import Callbacks, EpochMetrics, RunInfo, TrainResult
+from core.train.normalization import kept
 from core.train.progress import EpochStats
 from core.train.record import run_record
-from core.train.run import Run, no_progress
+from core.train.run import Run, no_progress, read_saved
 
 
 def train(
@@ -60,19 +61,18 @@ def train(
     cb = callbacks or Callbacks()
     dev = resolve_device(device)
     started = time.perf_counter()
-    run, start_epoch, step = _start(spec, dev, data_dir, cb, (resume, start_weights), download)
+    run, start_epoch, step, timings = _start(
+        spec, dev, data_dir, cb, (resume, start_weights), download
+    )
     limits = _limits(spec, len(run.batches), started, flush_steps, flush_seconds)
     if cb.on_start:
         cb.on_start(_run_info(run, limits, step))
     done = [m for m in history if m.epoch < start_epoch]  # what the checkpoint's run finished
     with _named_oom(spec, dev):
+        training = time.perf_counter()
         trained = _train_epochs(run, start_epoch, step, cb, limits, done)
-        if not done:
-            raise InvalidSpec(
-                "epochs",
-                "the checkpoint given to resume from already ended the run, and the run's "
-                "epoch metrics (history) were not given",
-            )
+        timings["train_s"] = time.perf_counter() - training
+        _require_history(done)
         exports = export_models(
             run.eval_model,
             run.data,
@@ -80,7 +80,17 @@ def train(
             run.progress,
             check_timeout_s=export_check_timeout_s,
         )
-    return _result(run, done, trained, limits, exports, time.perf_counter() - started)
+    timings["export_s"] = exports.seconds
+    return _result(run, done, trained, limits, exports, timings, time.perf_counter() - started)
+
+
+def _require_history(done: list[EpochMetrics]) -> None:
+    if not done:
+        raise InvalidSpec(
+            "epochs",
+            "the checkpoint given to resume from already ended the run, and the run's "
+            "epoch metrics (history) were not given",
+        )
 
 
 def _start(
@@ -90,10 +100,12 @@ def _start(
     cb: Callbacks,
     start: tuple[bytes | None, bytes | None],
     download: bool,
-) -> tuple[Run, int, int]:
+) -> tuple[Run, int, int, dict[str, float]]:
     """The run, built and restored from its checkpoint, or else started from the weights
-    init_from names (`start`: the two): with the epoch to train next and the last step done."""
+    init_from names (`start`: the two): with the epoch to train next, the last step done,
+    and the seconds its data and the rest of its setup took."""
     resume, start_weights = start
+    started = time.perf_counter()
     amp_dtype = resolve_amp(spec.amp, dev)
     if spec.compile and dev.type == "cpu" and spec.gradient_checkpointing:
         raise InvalidSpec("compile", "compile with gradient_checkpointing is CUDA-only here")
@@ -103,15 +115,29 @@ def _start(
         torch.set_float32_matmul_precision("high")
     progress = cb.on_progress or no_progress
     with _named_oom(spec, dev):
+        loading = time.perf_counter()
         data = load_dataset(spec.dataset, data_dir, download=download)
+        data_s = time.perf_counter() - loading
         progress()
-        run = Run(spec, dev, amp_dtype, data, progress)
+        checkpoint = None if resume is None else read_saved(resume, dev)
+        starts_from = resume is None and spec.init_from is not None
+        weights = None
+        if starts_from and start_weights is not None:
+            weights = read_saved(start_weights, dev)
+        # A start trained on another normalisation keeps it (core.train.normalization).
+        norm = kept(data.normalization, checkpoint, weights)
+        run = Run(spec, dev, amp_dtype, data, progress, norm)
         progress()
-        start_epoch, step = (1, 0) if resume is None else run.load_checkpoint(resume)
-        if resume is None and spec.init_from is not None:
-            run.start_from(start_weights)
+        start_epoch, step = (1, 0) if checkpoint is None else run.load_checkpoint(checkpoint)
+        if starts_from:
+            run.start_from(weights)
         progress()
-    return run, start_epoch, step
+    return (
+        run,
+        start_epoch,
+        step,
+        {"data_s": data_s, "setup_s": time.perf_counter() - started - data_s},
+    )
 
 
 def _limits(
@@ -187,6 +213,7 @@ def _result(
     trained: EpochStats,
     limits: Limits,
     exports: Exports,
+    timings: dict[str, float],
     duration: float,
 ) -> TrainResult:
     last = done[-1]
@@ -210,6 +237,8 @@ def _result(
     result.record = run_record(run.spec, run.dev, run.data, result.summary(), run.amp_dtype)
     result.record["formats"] = exports.report
     result.record["export_s"] = round(exports.seconds, 3)
+    # Where the run's time went; each format's export and check are in record["formats"].
+    result.record["timings"] = {k: round(v, 3) for k, v in timings.items()}
     result.weights = run.weights()
     return result
 

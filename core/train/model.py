@@ -91,7 +91,7 @@ class Net(nn.Module):
 
 class Normalized(nn.Module):
     """What we export: takes images as floats in [0, 1] (N, C, H, W) and returns logits,
-    so users need not know the data set's mean and std."""
+    so users need not know the mean and std it was trained with (Dataset.normalization)."""
 
     mean: torch.Tensor
     inv_std: torch.Tensor

@@ -15,8 +15,10 @@ DEFAULT_FIT = "stretch"  # how a set without its own fit was resized: to H x W, 
 
 
 def preprocessing(data: Dataset) -> dict[str, Any]:
-    """What an image must be made into before the model takes it."""
+    """What an image must be made into before the model takes it, and what the model does to
+    it itself: its normalisation (Dataset.normalization, the one the run trained with)."""
     c, h, w = data.image_shape
+    norm = data.normalization
     return {
         "input": "float32 images in [0, 1], laid out N,C,H,W",
         "layout": "NCHW",
@@ -27,8 +29,9 @@ def preprocessing(data: Dataset) -> dict[str, Any]:
         # An upload's set names the fit it was resized by; the built-in sets have none.
         "fit": data.fit or DEFAULT_FIT,
         "normalization": "folded into the model: do not subtract a mean or divide by a std",
-        "mean": list(data.mean),
-        "std": list(data.std),
+        "mean": list(norm.mean),
+        "std": list(norm.std),
+        "normalized_by": norm.by,  # "data set", or "pretrained weights" (core.train.normalization)
     }
 
 

@@ -12,6 +12,7 @@ import torch
 import torchvision
 
 from core.spec import JobSpec
+from core.torchvision_weights import TORCHVISION_WEIGHTS
 from core.train.data import Dataset
 from core.train.device import amp_name, device_name
 from core.train.model_card import preprocessing
@@ -59,10 +60,17 @@ def run_record(
 
 
 def _pretrained(spec: JobSpec) -> dict[str, str] | None:
-    """The file the run's starting weights came from, by its pinned sha256; None without."""
+    """The file the run's starting weights came from, by its pinned sha256 (torchvision's: the
+    prefix in its name, which it was verified by); None without."""
     if not spec.pretrained:
         return None
-    return {"package": WEIGHTS_PACKAGE, "file": WEIGHTS_FILE, "sha256": WEIGHTS_SHA256}
+    tv = TORCHVISION_WEIGHTS.get(spec.model)
+    if tv is None:
+        return {"package": WEIGHTS_PACKAGE, "file": WEIGHTS_FILE, "sha256": WEIGHTS_SHA256}
+    return {
+        "torchvision": tv.weights, "file": tv.file_name, "url": tv.url,
+        "sha256_prefix": tv.sha256_prefix,
+    }  # fmt: skip
 
 
 def _git_revision() -> str | None:

@@ -7,6 +7,7 @@ import io
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -20,6 +21,7 @@ from core.train.augment import augmenter
 from core.train.class_metrics import ConfusionCounter
 from core.train.data import Dataset, ResidentBatches, loader_batches, pixel_affine
 from core.train.ema import Ema
+from core.train.normalization import WEIGHTS_KEY, Normalization, choose, split_weights
 from core.train.progress import EpochProgress
 
 
@@ -32,8 +34,17 @@ class Batches(Protocol):
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
+def read_saved(blob: bytes, dev: torch.device) -> dict[str, Any]:
+    """A checkpoint (Run.checkpoint) or a job's weights (Run.weights) read back, onto `dev`,
+    with weights_only: nothing in it runs."""
+    saved: dict[str, Any] = torch.load(io.BytesIO(blob), map_location=dev, weights_only=True)
+    return saved
+
+
 class Run:
-    """The state of one run: model, optimiser, schedule, scaler, batches."""
+    """The state of one run: model, optimiser, schedule, scaler, batches. Its data is
+    normalised as `kept` says where its start has one (core.train.normalization.kept),
+    else as the spec chooses: `self.data.normalization`, read by every path."""
 
     def __init__(
         self,
@@ -42,13 +53,15 @@ class Run:
         amp_dtype: torch.dtype | None,
         data: Dataset,
         progress: Callable[[], None] = no_progress,
+        kept: Normalization | None = None,
     ) -> None:
         self.spec = spec
         self.dev = dev
         self.amp_dtype = amp_dtype
-        self.data = data
-        self.progress = progress
         c, h, w = data.image_shape
+        self.data = replace(data, normalization=choose(spec, data.normalization, c, kept))
+        data = self.data
+        self.progress = progress
         too_large = model_too_large(spec, (c, h, w), data.num_classes)
         if too_large:  # the API refuses it; a spec sent straight to the queue meets it here
             raise InvalidSpec("spec", too_large)
@@ -82,7 +95,8 @@ class Run:
             "augment": augmenter(spec.augment),
         }
         if spec.data_path is DataPath.device:
-            return ResidentBatches(data.train, self.dev, mean=data.mean, std=data.std, **order)
+            norm = data.normalization
+            return ResidentBatches(data.train, self.dev, mean=norm.mean, std=norm.std, **order)
         return loader_batches(
             data,
             self.dev,
@@ -122,12 +136,13 @@ class Run:
         classifier = {"params": [p for n, p in learning if n in head]}
         return [{"params": backbone, "lr": lr}, classifier] if backbone else [classifier]
 
-    def start_from(self, blob: bytes | None) -> list[str]:
-        """Start from another run's trained weights (core.train.archs.start_from): the names
-        kept fresh. InvalidSpec on init_from when they are not of this architecture."""
-        if blob is None:
+    def start_from(self, saved: dict[str, Any] | None) -> list[str]:
+        """Start from another run's trained weights (read_saved of its Run.weights; see
+        core.train.archs.start_from): the names kept fresh. InvalidSpec on init_from when
+        they are not of this architecture."""
+        if saved is None:
             raise InvalidSpec("init_from", f"the weights of job {self.spec.init_from} are missing")
-        weights = torch.load(io.BytesIO(blob), map_location=self.dev, weights_only=True)
+        weights, _ = split_weights(saved)  # its normalisation was chosen with the run
         try:
             fresh = start_from(self.model, self.spec.model, weights)
         except ValueError as e:
@@ -137,10 +152,12 @@ class Run:
         return fresh
 
     def weights(self) -> bytes:
-        """The evaluated model's weights (a state_dict, fp32, on the CPU): what a later job
-        starts from with init_from. Read back with torch.load(weights_only=True)."""
-        state = {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu()
-                 for k, v in self.eval_model.state_dict().items()}  # fmt: skip
+        """The evaluated model's weights (a state_dict, fp32, on the CPU) and, under
+        WEIGHTS_KEY, the normalisation they were trained on: what a later job starts from
+        with init_from. Read back with torch.load(weights_only=True)."""
+        state: dict[str, Any] = {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu()
+                                 for k, v in self.eval_model.state_dict().items()}  # fmt: skip
+        state[WEIGHTS_KEY] = self.data.normalization.as_dict()
         buf = io.BytesIO()
         torch.save(state, buf)
         return buf.getvalue()
@@ -218,7 +235,8 @@ class Run:
         model = self.eval_model
         model.eval()
         test = self.data.test
-        shift, spread = pixel_affine(self.data.mean, self.data.std, self.dev)
+        norm = self.data.normalization
+        shift, spread = pixel_affine(norm.mean, norm.std, self.dev)
         fmt = torch.channels_last if self.spec.channels_last else torch.contiguous_format
         images = test.images.to(self.dev)
         labels = test.labels.to(self.dev)
@@ -250,6 +268,7 @@ class Run:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "cpu_rng": torch.get_rng_state(),
+            "normalization": self.data.normalization.as_dict(),
         }
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()
@@ -269,9 +288,9 @@ class Run:
         groups = [{**group, **kinds} for group in saved["param_groups"]]
         return {**saved, "param_groups": groups}
 
-    def load_checkpoint(self, blob: bytes) -> tuple[int, int]:
-        """Restore a checkpoint; returns (the epoch to train next, the last step done)."""
-        state = torch.load(io.BytesIO(blob), map_location=self.dev, weights_only=True)
+    def load_checkpoint(self, state: dict[str, Any]) -> tuple[int, int]:
+        """Restore a checkpoint (read_saved of a Run.checkpoint; the run was built with its
+        normalisation); returns (the epoch to train next, the last step done)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(self._as_this_optimizer(state["optimizer"]))
         self.scheduler.load_state_dict(state["scheduler"])

@@ -24,6 +24,17 @@ def page_errors(page: Any) -> list[str]:
     return [p for p in page.problems if NETWORK_NOISE not in p]
 
 
+def submitted(page: Any, service: Service) -> Any:
+    """The form sent with its submit button: the answer to its POST /jobs, a 201."""
+    with page.expect_response(
+        lambda r: r.url == f"{service.url}/jobs" and r.request.method == "POST"
+    ) as posted:
+        page.click("#submit")
+    response = posted.value
+    assert response.status == 201, response.text()
+    return response
+
+
 def test_dashboard_submit_follow_download(page: Any, service: Service, artifacts_dir: Path) -> None:
     page.goto(f"{service.url}/")
 
@@ -41,8 +52,9 @@ def test_dashboard_submit_follow_download(page: Any, service: Service, artifacts
     spec_fields = httpx.get(f"{service.url}/openapi.json", timeout=10).json()["components"][
         "schemas"
     ]["JobSpec"]["properties"]
-    for name in spec_fields:
-        assert form.locator(f"[name={name}]").count() == 1, name
+    for name, field in spec_fields.items():
+        shown = 0 if field.get("readOnly") else 1  # recipe_filled is trainq's to set
+        assert form.locator(f"[name={name}]").count() == shown, name
 
     # An invalid value: the 422 is shown next to the field it names.
     form.locator("[name=epochs]").fill("0")
@@ -53,12 +65,7 @@ def test_dashboard_submit_follow_download(page: Any, service: Service, artifacts
     # Submit: only the changed fields are sent.
     form.locator("[name=epochs]").fill("2")
     form.locator("[name=batch_size]").fill("128")
-    with page.expect_response(
-        lambda r: r.url == f"{service.url}/jobs" and r.request.method == "POST"
-    ) as posted:
-        page.click("#submit")
-    response = posted.value
-    assert response.status == 201, response.text()
+    response = submitted(page, service)
     assert response.request.post_data_json == {"epochs": 2, "batch_size": 128}
     job_id = response.json()["id"]
 
@@ -108,6 +115,30 @@ def test_dashboard_submit_follow_download(page: Any, service: Service, artifacts
     assert len(model) > 0 and model[:2] == b"PK"  # TorchScript: a zip
 
     page.screenshot(path=str(artifacts_dir / "dashboard.png"), full_page=True)
+    assert not page_errors(page), page.problems
+
+
+def test_a_recipe_chosen_in_the_form_shows_its_knobs_and_sends_what_differs(
+    page: Any, service: Service
+) -> None:
+    page.goto(f"{service.url}/")
+    page.fill("#api-key", service.keys[0])
+    page.click("#login")
+    form = page.locator("#submit-form")
+    form.locator("[name=recipe]").select_option("fast")
+    expect(form.locator("[name=epochs]")).to_have_value("1")
+    expect(form.locator("[name=batch_size]")).to_have_value("256")
+    expect(form.locator("[name=ema_decay]")).to_have_value("")
+    form.locator("[name=epochs]").fill("8")  # the accurate recipe's: still a change from fast's
+    response = submitted(page, service)
+    assert response.request.post_data_json == {"recipe": "fast", "epochs": 8}
+    spec = response.json()["spec"]
+    assert (spec["epochs"], spec["batch_size"], spec["recipe"]) == (8, 256, "fast")
+    assert "epochs" not in spec["recipe_filled"]
+    with httpx.Client(
+        base_url=service.url, headers={"Authorization": f"Bearer {service.keys[0]}"}
+    ) as http:
+        http.post(f"/jobs/{response.json()['id']}/cancel")
     assert not page_errors(page), page.problems
 
 

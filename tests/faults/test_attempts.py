@@ -27,7 +27,8 @@ from core.store import claim_job, create_dataset, create_job, get_job, save_epoc
 from core.train import train
 from core.train.data import load_dataset
 from tests.conftest import Recorder
-from tests.service import Service, children, fresh_service, postgres_database, wait_until
+from tests.faults.process_tree import horses, rq_workers
+from tests.service import Service, fresh_service, postgres_database, wait_until
 from tests.wire import WireProxy
 
 RECOVERY = {
@@ -206,8 +207,8 @@ def test_a_worker_stopped_outside_the_step_loop_then_killed_is_a_preemption(
     wait_until(
         lambda: c.job(job["id"])["progress"]["step"] >= 1, 120, "the one step (evaluation next)"
     )
-    [rq_worker] = children(launcher.pid)
-    [horse] = children(rq_worker)
+    [rq_worker] = rq_workers(launcher.pid)
+    [horse] = horses(rq_worker)
     os.kill(horse, signal.SIGTERM)
     wait_until(lambda: job_row(svc, job["id"])[0] == 1, 10, "the stop request in the job row")
     os.kill(horse, signal.SIGKILL)  # the launcher's, after its grace period

@@ -27,8 +27,9 @@ from client.http import ApiError, Client
 from core.db import Database
 from core.spec import JobSpec
 from core.store import create_job, get_job
+from tests.faults.process_tree import horses, rq_workers
 from tests.recovery import FAST_RECOVERY, SPEC, STEPS
-from tests.service import Service, children, fresh_service, kill_group, status_of, wait_until
+from tests.service import Service, fresh_service, kill_group, status_of, wait_until
 
 RECOVERY = FAST_RECOVERY | {"TRAINQ_DB_BUSY_TIMEOUT_S": "1"}  # cases here lock SQLite
 
@@ -97,8 +98,8 @@ def test_kill_9_only_the_work_horse(
     c = svc.client()
     job = c.submit(SPEC)
     wait_step(c, job["id"], 40)
-    [rq_worker] = children(worker.pid)
-    [horse] = children(rq_worker)
+    [rq_worker] = rq_workers(worker.pid)
+    [horse] = horses(rq_worker)
     os.kill(horse, signal.SIGKILL)
     done = wait_status(c, job["id"], "succeeded")
     assert done["attempt"] == 2
@@ -356,8 +357,8 @@ def test_cancel_of_a_stuck_job_falls_back_to_rqs_stop_command(
     c = svc.client()
     job = c.submit(SPEC | {"epochs": 20})
     wait_step(c, job["id"], 10)
-    [rq_worker] = children(worker.pid)
-    [horse] = children(rq_worker)
+    [rq_worker] = rq_workers(worker.pid)
+    [horse] = horses(rq_worker)
     os.kill(horse, signal.SIGSTOP)  # stuck: it can no longer see the cooperative cancel
     c.cancel(job["id"])
     done = wait_status(c, job["id"], "canceled", timeout=60)

@@ -12,25 +12,18 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 
 from tests.recovery import FAST_RECOVERY
 from tests.service import fresh_service, status_of, wait_until
+from tests.tmpfs import tmpfs
 
 
 @contextlib.contextmanager
 def full_tmpfs(folder: Path) -> Iterator[None]:
     """`folder` as a 256 KiB tmpfs, filled to the last block."""
-    folder.mkdir(parents=True, exist_ok=True)
-    mount = ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)]
-    mounted = subprocess.run(mount, capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"a tmpfs cannot be mounted here: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(folder, "256k"):
         subprocess.run(["dd", "if=/dev/zero", f"of={folder}/filler", "bs=4k"], capture_output=True)
         yield
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def _digits_npz() -> bytes:

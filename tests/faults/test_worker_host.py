@@ -15,6 +15,7 @@ from rq import Worker
 
 from client.http import ApiError, Client
 from core.queue import job_queue
+from tests.faults.process_tree import horses
 from tests.recovery import FAST_RECOVERY, SPEC, STEPS
 from tests.service import Service, children, fresh_service, status_of, wait_until
 
@@ -169,7 +170,7 @@ def test_a_worker_killed_mid_job_leaves_no_horse(
     c = svc.client()
     job = c.submit(SPEC)
     wait_step(c, job["id"], 3)
-    (horse,) = [p for p in children(parent) if running(p)]
+    (horse,) = horses(parent)
     os.kill(parent, signal.SIGKILL)
     (successor,) = wait_until(
         lambda: [p for p in workers_of(launcher.pid) if p not in (parent, horse)] or None,
@@ -229,4 +230,4 @@ def test_a_worker_registers_again_after_redis_restarts_empty(
     (parent,) = workers_of(worker.pid)
     if busy:
         assert c.job(job["id"])["status"] == "running"
-        assert [p for p in children(parent) if running(p)], "the job's work horse is gone"
+        assert horses(parent), "the job's work horse is gone"

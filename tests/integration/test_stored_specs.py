@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import uuid
 
+import httpx
 import pytest
 from redis import Redis
 
 from api.auth import owner_id
 from core.db import Database
 from core.queue import enqueue_job
+from core.recipes import KNOBS
 from core.spec import BEFORE_FIELD, JobSpec
 from core.store import create_job
 from tests.service import Service, status_of, wait_until
@@ -58,3 +60,26 @@ def test_a_spec_sent_straight_to_the_queue_takes_todays_defaults(service: Servic
     assert trained["conv3_channels"] == today.conv3_channels
     assert trained["augment"] == today.augment
     assert trained["ema_decay"] == today.ema_decay
+
+
+def test_a_recipe_fills_what_the_job_leaves_out_and_its_record_says_so(service: Service) -> None:
+    c = service.client()
+    job = c.submit({"recipe": "fast", "lr": 0.005, "max_steps": 3, "export": ["torchscript"]})
+    assert job["spec"]["recipe"] == "fast" and job["spec"]["batch_size"] == 256
+    assert job["spec"]["lr"] == 0.005  # given: kept, and not the recipe's
+    assert set(job["spec"]["recipe_filled"]) == set(KNOBS) - {"lr"}
+    wait_until(lambda: status_of(c, job["id"]) == "succeeded", 120, "the fast job")
+    trained = c.record(job["id"])["spec"]
+    assert (trained["recipe"], trained["epochs"], trained["ema_decay"]) == ("fast", 1, None)
+    assert trained["recipe_filled"] == job["spec"]["recipe_filled"]
+
+
+def test_a_spec_that_says_its_recipe_filled_what_it_did_not_is_a_422(service: Service) -> None:
+    forged = {"recipe": "fast", "batch_size": 32, "recipe_filled": ["batch_size"]}
+    resp = httpx.post(
+        f"{service.url}/jobs",
+        json=forged,
+        headers={"Authorization": f"Bearer {service.keys[0]}"},
+    )
+    assert resp.status_code == 422, resp.text
+    assert "batch_size is not the fast recipe's 256" in resp.text

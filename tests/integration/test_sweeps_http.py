@@ -1,16 +1,19 @@
 """Sweeps over real HTTP and a real worker (SQLite and PostgreSQL): a small grid whose first
 trial leads, so that the pruner stops the two behind it at their first epoch; the sweep
-followed live to its end; its trials as ordinary jobs; the space checked against JobSpec
-before anything runs; Idempotency-Key; tenancy; cancel."""
+followed live to its end; its trials as ordinary jobs; a sweep of each architecture; the
+space checked against JobSpec before anything runs; Idempotency-Key; tenancy; cancel."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from client.http import ApiError
+from core.spec import Architecture
+from tests.photos import photo_patches
 from tests.service import Service
 from tests.sweeps import GRID_BASE, GRID_SWEEP
 
@@ -49,6 +52,42 @@ def test_a_pruned_sweep_end_to_end(service: Service) -> None:
         assert job["spec"]["epochs"] == 2
     assert {j["status"] for j in c.jobs(status="pruned")} == {"pruned"}
     assert c.epochs(final["trials"][1]["job_id"])[0]["epoch"] == 1
+
+
+@pytest.fixture(scope="module")
+def photos(service: Service, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An uploaded set of 16 real photo patches of 8 px, 4 classes: the name of it."""
+    (x_train, y_train), (x_test, y_test) = photo_patches(8, 4), photo_patches(8, 2, seed=1)
+    path = tmp_path_factory.mktemp("photos") / "photos.npz"
+    np.savez(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    return f"ds:{service.client().upload_dataset(path)['id']}"
+
+
+@pytest.mark.slow  # each model: two trials of two steps, each model checked in a fresh process
+@pytest.mark.parametrize("arch", [a for a in Architecture if a is not Architecture.cnn])
+def test_a_sweep_of_each_architecture_runs_its_trials(
+    service: Service, photos: str, arch: Architecture
+) -> None:
+    if not service.database_url.startswith("sqlite"):
+        pytest.skip("the model is no part of what the database keeps: one database suffices")
+    c = service.client()
+    base = {
+        "dataset": photos, "model": arch, "epochs": 1, "batch_size": 8, "min_lr": 0,
+        "export": ["torchscript"],
+    }  # fmt: skip
+    sweep = c.create_sweep(
+        {
+            "base": base, "space": {"lr": {"choice": [1e-3, 3e-3]}}, "trials": 2,
+            "sampler": {"name": "grid"}, "pruner": {"name": "none"}, "parallel": 1,
+        }
+    )  # fmt: skip
+    final = list(c.sweep_events(sweep["id"]))[-1]
+    assert final["status"] == "succeeded", final
+    assert [t["status"] for t in final["trials"]] == ["succeeded", "succeeded"]
+    assert sorted(t["params"]["lr"] for t in final["trials"]) == [1e-3, 3e-3]
+    for trial in final["trials"]:
+        job = c.job(trial["job_id"])
+        assert job["spec"]["model"] == arch and job["result"]["steps"] == 2
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import update
@@ -13,7 +14,7 @@ from sqlalchemy import update
 from core.config import Settings
 from core.db import Database, Job, utcnow
 from core.queue import enqueue_job
-from core.spec import JobSpec
+from core.spec import USER_DATASETS, JobSpec
 from core.store import create_job, get_job
 from tests.service import RedisServer
 from worker.reconciler import Reconciler, reconcile_once
@@ -108,3 +109,22 @@ def test_the_launchers_reconciler_survives_a_pass_that_meets_junk(
     with db.writer() as s:
         entries = [get_job(s, job_id=j).queue_entry for j in (poisoned, plain)]  # type: ignore[union-attr]
     assert all(entries) and job_id not in entries
+
+
+def test_with_redis_away_the_pass_still_prunes_what_needs_no_redis(
+    db: Database, database_url: str, tmp_path: Path
+) -> None:
+    """Redis unreachable: the queue's half of the pass is skipped, but the database's and the
+    disk's are not (retention, and the copies of deleted data sets, which would otherwise
+    fill a host's disk for as long as Redis is away)."""
+    folder = tmp_path.joinpath(*USER_DATASETS)
+    folder.mkdir(parents=True)
+    gone = folder / f"{uuid.uuid4()}.npz"  # a copy of a set that no longer exists
+    gone.write_bytes(b"npz")
+    queued_a_while(db, None)  # a job whose entry the pass would restore, in Redis
+    settings = Settings(database_url=database_url, queue=QUEUE, data_dir=tmp_path)
+    reconcile = Reconciler(settings, "redis://127.0.0.1:9/0")  # nothing listens there
+    reconcile()
+    assert reconcile.db is not None
+    reconcile.db.dispose()
+    assert not gone.exists()

@@ -62,6 +62,10 @@ def loaded(*argv: str) -> set[str]:
         ["submit", "--help"],
         ["submit", "--epochs", "1"],
         ["ls"],
+        ["ls", "--tag", "x", "--status", "succeeded", "--sort", "-test_accuracy", "--name", "p"],
+        ["tag", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11", "+a", "-b"],
+        ["rename", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11", "a name"],
+        ["note", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11", "why"],
         ["watch", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
         ["cancel", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
         ["download", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
@@ -71,6 +75,8 @@ def loaded(*argv: str) -> set[str]:
         ["sweep", "watch", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11"],
         ["sweep", "list"],
         ["compare", "0f8b7f4e-4d1c-4e55-9a3e-8d2c6f0e7a11", "5e1f0c9a-4d1c-4e55-9a3e-8d2c6f0e7a11"],
+        ["webhook", "ls"],
+        ["webhook", "add", "https://hooks.example/in", "--event", "job.failed"],
     ],
     ids=" ".join,
 )
@@ -138,6 +144,9 @@ def test_the_help_still_names_every_command() -> None:
         "train",
         "sweep",
         "compare",
+        "tag",
+        "rename",
+        "note",
     ):
         assert name in out.stdout
     for name in ("migrate", "serve", "worker", "up"):

@@ -197,6 +197,23 @@ def test_trainq_services_share_one_image_and_its_settings(
     assert "8000:8000" in [str(p) for p in services["api"]["ports"]]
 
 
+def test_the_api_and_the_workers_read_the_same_torch_home(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """torchvision's pretrained weights: the API checks a submission against the files the
+    workers load (docs/models.md), so both see one folder, and neither writes to it."""
+    ours = trainq_services(services)
+    homes = {env_of(ours[n])["TORCH_HOME"] for n in ("api", *workers_of(services))}
+    assert len(homes) == 1, homes
+    (home,) = homes
+    mounts = {
+        n: [str(v) for v in ours[n]["volumes"] if str(v).endswith((f":{home}", f":{home}:ro"))]
+        for n in ("api", *workers_of(services))
+    }
+    assert all(len(m) == 1 and m[0].endswith(":ro") for m in mounts.values()), mounts
+    assert len({m[0] for m in mounts.values()}) == 1, mounts
+
+
 def test_no_secret_literals(compose: dict[str, Any]) -> None:
     assert secret_literals(compose) == []
     # The file really does wire the secrets in, through references.

@@ -12,7 +12,7 @@ from torch import nn
 from core.spec import JobSpec
 from core.train.data import load_dataset
 from core.train.ema import Ema
-from core.train.run import Run
+from core.train.run import Run, read_saved
 
 
 def test_the_first_updates_follow_the_weights_closely_then_the_decay_holds() -> None:
@@ -78,7 +78,7 @@ def test_a_checkpoint_without_an_average_restarts_it_at_its_weights(data_dir: Pa
         before.step(x, y)
     blob = before.checkpoint(1, 3)
     after = Run(JobSpec(batch_size=256, seed=9), torch.device("cpu"), None, data)
-    after.load_checkpoint(blob)
+    after.load_checkpoint(read_saved(blob, torch.device("cpu")))
     assert after.ema is not None and after.ema.updates == 0
     expected = before.model.state_dict()
     got = after.eval_model.state_dict()

@@ -11,15 +11,9 @@ import torch
 from core.errors import ExportMismatch
 from core.spec import ExportFormat
 from core.train import TrainResult
+from core.train.checker import VERIFIER, Checker, answers
 from core.train.data import load_dataset
-from core.train.export import (
-    VERIFIER,
-    _offered,
-    _required,
-    check_in_fresh_process,
-    fresh_checker,
-    tolerance,
-)
+from core.train.export import _offered, _required, tolerance
 from core.train.verify_export import load_model, load_torchscript
 from tests.conftest import Recorder
 
@@ -80,6 +74,14 @@ def test_every_format_is_offered_and_predicts_as_torchscript_does(
         assert torch.equal(got.argmax(1), want.argmax(1)), fmt
         assert torch.allclose(one, want[:1], rtol=1e-4, atol=1e-4), fmt
     assert 0 < result.record["export_s"] < 120
+    # Where the run's time went: its parts, and each format's export, check and wait.
+    timings = result.record["timings"]
+    assert set(timings) == {"data_s", "setup_s", "train_s", "export_s"}
+    assert all(v >= 0 for v in timings.values()) and timings["train_s"] > 0
+    assert timings["export_s"] == result.record["export_s"]
+    for entry in result.record["formats"].values():
+        assert 0 < entry["check_s"] <= entry["waited_s"] and entry["export_s"] > 0
+        assert "pid" not in entry
 
 
 def test_a_corrupted_model_fails_its_check_in_the_fresh_process_and_is_not_offered(
@@ -94,8 +96,7 @@ def test_a_corrupted_model_fails_its_check_in_the_fresh_process_and_is_not_offer
     pt2 = bytearray(blobs[ExportFormat.pt2])
     pt2[len(pt2) // 2 :] = bytes(len(pt2) - len(pt2) // 2)  # its weights' second half zeroed
     blobs[ExportFormat.pt2] = bytes(pt2)
-    with fresh_checker(list(blobs)) as checker:
-        checked = check_in_fresh_process(checker, blobs, x, expected)
+    checked = check_each(blobs, x, expected)
     assert checked[ExportFormat.torchscript]["max_abs_diff"] <= tolerance(expected)
     assert "error" in checked[ExportFormat.onnx]
     assert "error" in checked[ExportFormat.pt2] or checked[ExportFormat.pt2]["max_abs_diff"] > 1
@@ -119,18 +120,30 @@ def test_torchscript_failing_or_every_format_failing_fails_the_export() -> None:
         _required([ExportFormat.pt2], {}, {ExportFormat.pt2: failed})
 
 
+def check_each(
+    blobs: dict[ExportFormat, bytes], x: torch.Tensor, expected: torch.Tensor
+) -> dict[str, dict[str, object]]:
+    checker = Checker.start()
+    try:
+        asked = [checker.ask(f, b, x, expected, None, 120) for f, b in blobs.items()]
+        return answers(asked, 120)
+    finally:
+        checker.close()
+
+
 def test_the_checking_process_imports_neither_trainq_nor_the_service() -> None:
+    # What the checker imports as it starts and warms up, before it forks any check. (The
+    # redis client library is left out: torch.export's loader imports it for its caches.)
     probe = (
-        "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__'); "
+        "import runpy, sys; runpy.run_path(sys.argv[1])['warm_up'](); "
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
-        "{'core', 'api', 'worker', 'sqlalchemy', 'fastapi', 'redis', 'torchvision'}))"
+        "{'core', 'api', 'worker', 'sqlalchemy', 'fastapi', 'rq', 'torchvision'}))"
     )
     out = subprocess.run(
-        [sys.executable, "-P", "-c", probe, str(VERIFIER), *ExportFormat],
-        input="\n",  # no folder: nothing to check
+        [sys.executable, "-P", "-c", probe, str(VERIFIER)],
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
     )
-    assert out.stdout.splitlines() == ["{}", "[]"]
+    assert out.stdout.splitlines() == ["[]"]

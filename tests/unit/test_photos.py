@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import re
 import struct
 import tarfile
@@ -24,6 +25,7 @@ from api.uploads import parse_upload
 from core.errors import DatasetTooLarge, InvalidDataset
 from core.photos import MAX_PIXELS, fit_image
 from core.train.data import load_dataset, write_mnist_sample
+from tests.memory import peak_growth_mib
 from tests.uploads import place, zip_bytes
 
 
@@ -315,3 +317,25 @@ def test_16_bit_gray_with_a_transparent_value_is_scaled_too() -> None:
     img.save(buf, format="PNG", transparency=1)  # no pixel is 1: nothing is transparent
     out = fit_image(Image.open(io.BytesIO(buf.getvalue())), 2, "stretch", 1)
     assert sorted(set(out.ravel().tolist())) in ([78, 155], [78, 156])  # 20000, 40000 / 257
+
+
+@pytest.mark.parametrize("mode", ["F", "I", "I;16"])
+def test_wide_gray_is_made_8_bit_within_its_decoded_size(mode: str) -> None:
+    """A 32-bit float or integer (or 16-bit) gray image, near MAX_PIXELS and compressed to
+    a few hundred KiB: made 8-bit strip by strip, it holds little beside its decoded pixels
+    (it held 8 float64 copies of them at once: a gigabyte from a 200 KiB file)."""
+    side = 5600  # 31.4 Mpixels, under MAX_PIXELS
+    values = np.zeros((side, side), np.float32 if mode == "F" else np.int32)
+    values[: side // 2] = 0.5 if mode == "F" else 30000
+    img = Image.fromarray(values, "F" if mode == "F" else "I")
+    blob = encoded(img if mode != "I;16" else img.convert("I;16"), "TIFF",
+                   compression="tiff_adobe_deflate")  # fmt: skip
+    del img, values
+    assert len(blob) < 1 << 20
+    photo = Image.open(io.BytesIO(blob))
+    photo.load()
+    decoded = photo.width * photo.height * (2 if mode == "I;16" else 4) >> 20
+    out, grew = peak_growth_mib(os.getpid(), lambda: fit_image(photo, 32, "stretch", 1))
+    assert grew < decoded + 100, f"{grew} MiB to make {decoded} MiB of {mode} pixels 8-bit"
+    assert out.shape == (32, 32, 1) and {int(out[2, 5, 0]), int(out[-2, 5, 0])} == {
+        0, 128 if mode == "F" else round(30000 / 257)}  # fmt: skip

@@ -4,7 +4,6 @@ where every kernel is deterministic, so "exactly" means bit for bit."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pytest
@@ -12,43 +11,12 @@ import torch
 
 from core.errors import TrainingPreempted
 from core.spec import JobSpec
-from core.train import Callbacks, train
+from core.train import train
 from tests.conftest import Recorder
+from tests.preemption import epoch_figures, preempted_at, steps, weights
 
 SPEC = JobSpec(epochs=2, batch_size=512, seed=3)  # 8 steps an epoch on mnist-sample
 DATALOADER = JobSpec(epochs=2, batch_size=512, seed=3, data_path="dataloader", num_workers=0)
-
-
-def preempted_at(k: int, rec: Recorder) -> Callbacks:
-    """Callbacks that ask for preemption right after step k (the check precedes each step)."""
-    calls = 0
-
-    def should_preempt() -> bool:
-        nonlocal calls
-        calls += 1
-        return calls > k
-
-    cb = rec.callbacks()
-    cb.should_preempt = should_preempt
-    return cb
-
-
-def weights(checkpoint: bytes) -> dict[str, torch.Tensor]:
-    """The model's weights and their moving average (what is evaluated and exported)."""
-    state = torch.load(io.BytesIO(checkpoint), weights_only=True)
-    ema = {f"ema.{k}": v for k, v in state["ema"]["module"].items()}
-    return {**state["model"], **ema, "ema.updates": torch.tensor(state["ema"]["updates"])}
-
-
-def epoch_figures(rec: Recorder) -> list[tuple[int, int, float, float, float, float]]:
-    return [
-        (e.epoch, e.step, e.train_loss, e.train_accuracy, e.test_loss, e.test_accuracy)
-        for e in rec.epochs
-    ]
-
-
-def steps(rec: Recorder) -> list[tuple[int, int, float, float]]:
-    return [(p.step, p.epoch, p.loss, p.lr) for p in rec.steps]
 
 
 @pytest.fixture(scope="module")

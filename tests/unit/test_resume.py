@@ -14,7 +14,7 @@ import torch
 from core.spec import JobSpec
 from core.train import TrainResult, train
 from core.train.data import load_dataset, user_dataset_path
-from core.train.run import Run
+from core.train.run import Run, read_saved
 from core.train.verify_export import load_torchscript
 from tests.conftest import Recorder
 
@@ -108,7 +108,7 @@ def test_a_checkpoint_resumes_whichever_optimizer_kind_wrote_it(
     new.optimizer = kind(new.model.parameters(), lr=spec.lr, fused=True, **extra)
     new.scheduler = torch.optim.lr_scheduler.LambdaLR(new.optimizer, lambda _: 1.0)
     new.scaler = torch.amp.GradScaler("cpu", enabled=True)
-    new.load_checkpoint(old.checkpoint(1, 1))
+    new.load_checkpoint(read_saved(old.checkpoint(1, 1), dev))
     loss, _ = new.step(x, y)
     assert math.isfinite(loss.item())
     assert new.optimizer.param_groups[0]["fused"]

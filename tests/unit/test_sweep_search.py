@@ -10,8 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from core.spec import JobSpec
+from core.sweeps.bounds import bound_problems
 from core.sweeps.search import Phase, TrialRecord, ask, judge
-from core.sweeps.spec import SweepSpec, bound_problems
+from core.sweeps.spec import SweepSpec
 
 
 def spec(**fields: Any) -> SweepSpec:

@@ -1,4 +1,4 @@
-"""The limits of POST /sweeps' checks (core.sweeps.spec): a space whose check would run for
+"""The limits of POST /sweeps' checks (core.sweeps.bounds): a space whose check would run for
 hours, a value inside a range that JobSpec refuses, and values that JobSpec reads one way
 and the sweep another."""
 
@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from core.spec import JobSpec
+from core.sweeps.bounds import MAX_CORNERS, MAX_REPORTED, bound_problems
 from core.sweeps.search import ask
-from core.sweeps.spec import MAX_CORNERS, SweepSpec, bound_problems
+from core.sweeps.spec import Sampler, SweepSpec
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"epochs": 2, "batch_size": 128, "min_lr": 0, "augment": "none", "ema_decay": None}
@@ -27,7 +29,8 @@ def test_the_space_check_is_bounded_in_time() -> None:
     script = textwrap.dedent(
         """
         from pydantic import ValidationError
-        from core.sweeps.spec import SweepSpec, bound_problems
+        from core.sweeps.bounds import bound_problems
+        from core.sweeps.spec import SweepSpec
         def mixed(lo, n=64):
             vals = list(range(lo, lo + n // 2))
             return vals + [str(v) for v in vals]
@@ -106,3 +109,38 @@ def test_the_same_value_twice_is_refused() -> None:
         with pytest.raises(ValidationError, match="at most once"):
             field = "epochs" if choice[0] == 1 else "lr"
             SweepSpec.model_validate({"space": {field: {"choice": choice}}})
+
+
+def only_hidden_128(spec: JobSpec) -> str | None:
+    """A start that only a cnn of hidden 128 can take, as init_from's rules ask one value."""
+    return None if spec.hidden == 128 else f"set hidden 128, not {spec.hidden}"
+
+
+def test_a_grid_is_checked_at_every_point_and_each_refused_trial_named() -> None:
+    grid = SweepSpec.model_validate(
+        {
+            "base": BASE, "sampler": {"name": "grid"}, "trials": 2,
+            "space": {"hidden": {"choice": [128, 64, 256]}, "lr": {"choice": [1e-3, 2e-3, 3e-3]}},
+        }
+    )  # fmt: skip
+    problems = bound_problems(grid, start=only_hidden_128)
+    assert [p["msg"].split(" the trial")[0] for p in problems] == [
+        f"at hidden={h}, lr={lr}" for h in (64, 256) for lr in (0.001, 0.002, 0.003)
+    ]
+    assert all(p["type"] == "init_from" and p["loc"] == ["body", "space"] for p in problems)
+    assert problems[0]["msg"].endswith("cannot start from its init_from: set hidden 128, not 64")
+    # Searched by TPE: its corners (the ends of each numeric choice) alone, lr 0.002 not.
+    corners = bound_problems(grid.model_copy(update={"sampler": Sampler()}), start=only_hidden_128)
+    assert [p["msg"].split(" the trial")[0] for p in corners] == [
+        f"at hidden={h}, lr={lr}" for h in (64, 256) for lr in (0.001, 0.003)
+    ]
+
+
+def test_a_refusal_names_a_few_trials_and_counts_the_rest() -> None:
+    widths = list(range(1, 65))
+    grid = SweepSpec.model_validate(
+        {"base": BASE, "sampler": {"name": "grid"}, "space": {"hidden": {"choice": widths}}}
+    )
+    problems = bound_problems(grid, start=only_hidden_128)
+    assert len(problems) == MAX_REPORTED
+    assert problems[-1]["msg"].endswith(f"(and {64 - MAX_REPORTED} more of the trials checked)")

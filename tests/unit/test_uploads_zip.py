@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import re
+import struct
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
@@ -189,3 +191,38 @@ def test_a_class_folder_name_that_is_not_plain_text_is_refused(name: str) -> Non
     with pytest.raises(InvalidDataset, match="class folder") as caught:
         parse_upload(zip_bytes(members))
     assert caught.value.message.isprintable()  # the name is quoted escaped
+
+
+def _overlapping_zip(members: dict[str, bytes], entries: int) -> bytes:
+    """A zip of deflated members whose central directory names the first one `entries`
+    times, each entry pointing at the same local header and data (a non-recursive zip
+    bomb: each entry expands no more than its own, shared, compressed bytes allow)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, blob in members.items():
+            zf.writestr(name, blob)
+    data = buf.getvalue()
+    eocd = data.rindex(b"PK\x05\x06")
+    count, cd_size, cd_offset = struct.unpack_from("<H2I", data, eocd + 10)
+    first = 46 + struct.unpack_from("<H", data, cd_offset + 28)[0]  # no extra, no comment
+    directory = data[cd_offset : cd_offset + first] * entries
+    directory += data[cd_offset + first : cd_offset + cd_size]
+    n = entries + count - 1
+    end = struct.pack("<4s4H2IH", b"PK\x05\x06", 0, 0, n, n, len(directory), cd_offset, 0)
+    return data[:cd_offset] + directory + end
+
+
+def test_a_zip_whose_entries_share_their_data_is_refused_before_any_is_read() -> None:
+    """Entries that overlap each pass the per-member ratio, but together they expand far
+    past MAX_RATIO times the upload: refused from the directory, nothing inflated."""
+    rng = np.random.default_rng(0)
+    sparse = rng.random(4 << 20) < 0.01  # 4 MiB that deflate to about 150 KiB: 28 times
+    blob = np.where(sparse, rng.integers(1, 256, 4 << 20), 0).astype(np.uint8).tobytes()
+    bomb = _overlapping_zip(
+        {"a/0.bmp": blob, "b/0.bmp": blob[:1000]}, 200
+    )  # 800 MiB from under 256 KiB
+    assert len(bomb) < 256 << 10
+    with zipfile.ZipFile(io.BytesIO(bomb)) as zf:
+        assert all(i.file_size < 100 * i.compress_size for i in zf.infolist())
+    with pytest.raises(DatasetTooLarge, match=r"expands \d+ times: at most 100"):
+        parse_upload(bomb, options=PhotoOptions(skip_bad=True))

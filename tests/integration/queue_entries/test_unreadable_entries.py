@@ -16,16 +16,17 @@ from redis import Redis
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
+from tests.faults.process_tree import rq_workers
 from tests.integration.queue_entries.entries import SPEC, TASK, assert_refused, ended, rq_queue
 from tests.memory import peak_growth_mib
-from tests.service import Service, children, wait_until
+from tests.service import Service, wait_until
 
 pytestmark = pytest.mark.slow  # real workers and services: the full run, not --fast
 
 
 def rq_worker_pid(svc: Service) -> int:
     """The RQ worker process under the launcher (which restarts one that dies)."""
-    (pid,) = children(svc.workers[0].pid)
+    (pid,) = rq_workers(svc.workers[0].pid)
     return pid
 
 
@@ -135,7 +136,7 @@ def test_junk_in_rqs_own_lists_never_stops_a_worker(svc: Service, r: Redis) -> N
     r.delete(queue.registry_cleaning_key)  # the next worker to start runs the maintenance
     old = rq_worker_pid(svc)
     os.kill(old, signal.SIGKILL)
-    wait_until(lambda: children(svc.workers[0].pid) not in ([], [old]), 30, "a new worker")
+    wait_until(lambda: rq_workers(svc.workers[0].pid) not in ([], [old]), 30, "a new worker")
     fresh = rq_worker_pid(svc)
     wait_until(lambda: not r.exists(queue.registry_cleaning_key), 30, "the maintenance to run")
     run_one(svc)

@@ -1,0 +1,202 @@
+"""/webhooks over HTTP, against the real API (uvicorn), a real RQ worker and real receivers on
+loopback: a job that succeeds is delivered once, signed as Standard Webhooks verifiers
+expect; a receiver's 500 brings the same webhook-id again; internal addresses are refused at
+registration (127.0.0.1, the metadata address, [::1], a name that resolves to loopback) and
+a redirect to one is not followed; another key's endpoint reads as missing; the bounds are
+clear 4xx. On SQLite and PostgreSQL. Receivers listen on 127.0.0.2, the one address the
+service's TRAINQ_WEBHOOK_ALLOW_HOSTS allows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client.http import ApiError
+from client.webhooks import Webhooks
+from tests.service import RedisServer, Service, wait_until
+from tests.webhook_receiver import Receiver, verify, verify_with_library
+
+ALLOWED = "127.0.0.2"
+ENV = {
+    "TRAINQ_WEBHOOK_ALLOW_HOSTS": f"{ALLOWED}/32",
+    "TRAINQ_WEBHOOK_MAX_ENDPOINTS_PER_KEY": "3",
+}
+QUICK_JOB = {"epochs": 1, "max_steps": 3, "export": ["torchscript"]}
+
+
+@pytest.fixture(scope="module")
+def svc(service_data_dir: Path, database_url: str, redis_server: RedisServer) -> Iterator[Service]:
+    service = Service(
+        data_dir=service_data_dir, database_url=database_url, redis=redis_server, extra_env=ENV
+    )
+    yield service.up(workers=1)
+    service.stop()
+
+
+@pytest.fixture
+def rx() -> Iterator[Receiver]:
+    receiver = Receiver(ALLOWED).start()
+    yield receiver
+    receiver.close()
+
+
+def hooks(svc: Service, key: str | None = None) -> Webhooks:
+    return Webhooks(svc.client(key))
+
+
+@pytest.fixture(autouse=True)
+def _no_endpoints_left(svc: Service) -> Iterator[None]:
+    """Each test starts with no endpoint of either key's (the bound is 3)."""
+    yield
+    for key in svc.keys:
+        mine = hooks(svc, key)
+        for e in mine.list():
+            mine.remove(e["id"])
+
+
+def log_of(h: Webhooks, endpoint_id: str) -> list[dict[str, Any]]:
+    return list(h.deliveries(endpoint_id))
+
+
+def delivered(h: Webhooks, endpoint_id: str) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        found = log_of(h, endpoint_id)
+        return found[0] if found and found[0]["status"] == "delivered" else None
+
+    return wait_until(done, 120, "a delivered webhook", interval=0.2)  # type: ignore[no-any-return]
+
+
+def test_a_job_that_succeeds_is_delivered_once_signed(svc: Service, rx: Receiver) -> None:
+    alice, bob = hooks(svc), hooks(svc, svc.keys[1])
+    hook = alice.add(rx.url, ["job.succeeded", "job.failed"], "ci")
+    other_type = alice.add(rx.url, ["job.canceled"])
+    bobs = bob.add(rx.url, ["job.succeeded"])
+    job = alice.client.submit(QUICK_JOB)
+    done = delivered(alice, hook["id"])
+    [got] = rx.received
+    verify(hook["secret"], got)
+    verify_with_library(hook["secret"], got)
+    body = json.loads(got.body)
+    assert body["type"] == "job.succeeded"
+    assert body["data"]["job_id"] == job["id"]
+    assert body["data"]["result"]["steps"] == 3
+    assert done["event_id"] == got.webhook_id
+    assert (done["attempts"], done["status_code"]) == (1, 200)
+    assert done["latency_ms"] is not None
+    assert alice.client.job(job["id"])["status"] == "succeeded"
+    assert log_of(alice, other_type["id"]) == log_of(bob, bobs["id"]) == []
+
+
+def test_a_500_brings_the_same_webhook_id_again(svc: Service) -> None:
+    rx = Receiver(ALLOWED, lambda n: (500 if n == 0 else 200, {}, b"not now")).start()
+    try:
+        h = hooks(svc)
+        hook = h.add(rx.url, ["job.failed"])
+        event_id = h.test(hook["id"])["event_id"]
+        done = delivered(h, hook["id"])
+        first, second = rx.received
+    finally:
+        rx.close()
+    assert first.webhook_id == second.webhook_id == event_id
+    for got in (first, second):
+        verify(hook["secret"], got)
+    assert (done["attempts"], done["status_code"], done["type"]) == (2, 200, "webhook.test")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:9/hook",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[::1]:9/hook",
+        "http://localhost:9/hook",
+        "http://[::ffff:127.0.0.1]:9/hook",
+        "http://10.0.0.1/hook",
+        "http://100.64.0.1/hook",
+        "http://0.0.0.0:9/hook",
+    ],
+)
+def test_an_internal_address_is_refused_at_registration(svc: Service, url: str) -> None:
+    h = hooks(svc)
+    with pytest.raises(ApiError) as refused:
+        h.add(url, ["job.failed"])
+    assert refused.value.status == 422
+    [problem] = refused.value.detail
+    assert problem["loc"] == ["body", "url"] and problem["type"] == "unsafe_url"
+    assert "public addresses" in problem["msg"]
+    assert h.list() == []
+
+
+def test_a_redirect_to_loopback_is_not_followed(svc: Service) -> None:
+    target = Receiver("127.0.0.1").start()
+    rx = Receiver(ALLOWED, lambda n: (302, {"location": target.url}, b"")).start()
+    try:
+        h = hooks(svc)
+        hook = h.add(rx.url, ["job.failed"])
+        h.test(hook["id"])
+        wait_until(lambda: log_of(h, hook["id"])[0]["status_code"] == 302, 60, "the 302")
+        [entry] = log_of(h, hook["id"])
+        rx.wait_for(1)
+    finally:
+        rx.close()
+        target.close()
+    assert entry["status"] == "pending" and "redirect" in entry["last_error"]
+    assert target.received == []
+
+
+def test_another_keys_endpoint_reads_as_missing(svc: Service) -> None:
+    alice, bob = hooks(svc), hooks(svc, svc.keys[1])
+    hook = alice.add(f"http://{ALLOWED}:9/hook", ["job.failed"])
+    for call in (
+        lambda: bob.get(hook["id"]),
+        lambda: bob.change(hook["id"], enabled=False),
+        lambda: bob.remove(hook["id"]),
+        lambda: bob.test(hook["id"]),
+        lambda: list(bob.deliveries(hook["id"])),
+    ):
+        with pytest.raises(ApiError) as missing:
+            call()
+        assert missing.value.status == 404
+    assert bob.list() == []
+    admin = Webhooks(svc.client(svc.admin_key))
+    assert hook["id"] in [e["id"] for e in admin.list()]
+    assert "secret" not in alice.get(hook["id"]) and alice.get(hook["id"])["enabled"]
+
+
+def test_bounds_and_bad_input_are_clear_4xx(svc: Service) -> None:
+    h = hooks(svc)
+    url = f"http://{ALLOWED}:9/hook"
+    made = [h.add(url, ["job.failed"]) for _ in range(3)]
+    with pytest.raises(ApiError) as over:
+        h.add(url, ["job.failed"])
+    assert over.value.status == 429
+    assert over.value.body["limit"] == "webhook_max_endpoints_per_key"
+    bad: list[tuple[str, Any]] = [
+        ("post", {"url": url + "x" * 2048, "events": ["job.failed"]}),
+        ("post", {"url": "ftp://example.com/", "events": ["job.failed"]}),
+        ("post", {"url": url, "events": ["job.exploded"]}),
+        ("post", {"url": url, "events": []}),
+        ("post", {"url": url, "events": ["job.failed"], "secret": "mine"}),
+        ("patch", {"url": None}),
+        ("patch", {"events": None}),
+        ("patch", {"url": "http://127.0.0.1/"}),
+    ]
+    for method, body in bad:
+        path = "/webhooks" if method == "post" else f"/webhooks/{made[0]['id']}"
+        answer = h.client.http.request(method.upper(), path, json=body)
+        assert answer.status_code == 422, (body, answer.text)
+
+
+def test_a_disabled_endpoint_takes_no_test_until_enabled(svc: Service) -> None:
+    h = hooks(svc)
+    hook = h.add(f"http://{ALLOWED}:9/hook", ["job.failed"])
+    assert h.change(hook["id"], enabled=False)["enabled"] is False
+    with pytest.raises(ApiError) as refused:
+        h.test(hook["id"])
+    assert refused.value.status == 409
+    h.change(hook["id"], enabled=True)
+    assert h.test(hook["id"])["event_id"].startswith("evt_")
