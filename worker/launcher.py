@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -161,16 +162,19 @@ def run_workers(
     (restart_delay), once no horse of a dead worker runs, and only while `schema_problem`
     finds nothing wrong with the database (the check `trainq worker` makes as it starts: a
     database migrated past this trainq, say); SIGINT/SIGTERM are passed on (RQ: finish or
-    stop the job, then exit). Between checks the launcher runs `reconcile` (requeue lost
-    jobs) every few seconds."""
+    stop the job, then exit). Beside them the launcher runs `reconcile` (requeue lost
+    jobs) every `reconcile_every_s`, on a thread of its own: a pass slow on Redis or the
+    database never holds up the restarts, nor the exit once the workers have stopped
+    (docker stop's grace is 10 s)."""
     slots = slots_for(parse_gpus(gpus))
     orphans = Orphans() if adopt_orphans() else None
-    next_reconcile = time.monotonic()
     stopping = False
+    no_more_passes = threading.Event()
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
+        no_more_passes.set()
         for s in slots:
             if s.proc and s.proc.poll() is None:
                 s.proc.send_signal(signum)
@@ -185,18 +189,33 @@ def run_workers(
             f"JobSpec {own.spec}, schema {own.schema})",
             file=sys.stderr,
         )
+    if reconcile is not None:
+        _every(reconcile, reconcile_every_s, no_more_passes)
     while True:
         alive = [s for s in slots if s.proc and s.proc.poll() is None]
         if not alive and (stopping or burst):
+            no_more_passes.set()
             return max(abs(int(s.proc.returncode or 0)) for s in slots if s.proc)
         adopted = orphans is not None and orphans.running(slots)
         if not stopping and not burst:
             for s in slots:
                 _restart_if_exited(s, queue, redis_url, held_back=adopted, check=schema_problem)
-        if reconcile is not None and time.monotonic() >= next_reconcile and not stopping:
-            reconcile()
-            next_reconcile = time.monotonic() + reconcile_every_s
         time.sleep(0.5)
+
+
+def _every(step: Callable[[], None], every_s: float, until: threading.Event) -> None:
+    """`step` now and then every `every_s` after the last ended, on a daemon thread (the
+    process's exit does not wait for it), until `until` is set."""
+
+    def loop() -> None:
+        while not until.is_set():
+            try:
+                step()
+            except Exception as e:  # the next pass tries again: the thread must not end
+                print(f"trainq worker: reconcile pass failed: {e!r}", file=sys.stderr)
+            until.wait(every_s)
+
+    threading.Thread(target=loop, name="trainq-reconcile", daemon=True).start()
 
 
 def _restart_if_exited(
