@@ -39,13 +39,21 @@ def resolve_amp(amp: Amp, device: torch.device) -> torch.dtype | None:
             raise InvalidSpec("amp", "fp16 needs a CUDA GPU; use 'bf16', 'off' or 'auto'")
         return torch.float16
     if amp is Amp.bf16:
-        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        if device.type == "cuda" and not gpu_computes_bf16(device):
             raise InvalidSpec("amp", "this GPU has no bf16; use 'fp16', 'off' or 'auto'")
         return torch.bfloat16
     # auto
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if gpu_computes_bf16(device) else torch.float16
     return torch.bfloat16 if cpu_has_fast_bf16() else None
+
+
+def gpu_computes_bf16(device: torch.device) -> bool:
+    """Compute capability 8.0 and later (Ampere on), or ROCm. torch's `is_bf16_supported()`
+    says yes by default where bf16 is only emulated (a T4, a V100): far slower than fp16."""
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def amp_name(amp_dtype: torch.dtype | None) -> str:

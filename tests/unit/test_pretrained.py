@@ -164,3 +164,31 @@ def test_exported_it_gives_the_same_logits() -> None:
     with torch.no_grad():
         torch.testing.assert_close(exported(x), model(x))
         torch.testing.assert_close(traced(x), model(x))
+
+
+@pytest.mark.parametrize(
+    ("kernel", "stride", "size"), [(1, 1, 12), (3, 1, 12), (5, 1, 11), (3, 2, 12)]
+)
+def test_same_padding_pads_a_copy_only_where_it_is_lopsided(
+    monkeypatch: pytest.MonkeyPatch, kernel: int, stride: int, size: int
+) -> None:
+    """SAME's padding, symmetric at stride 1, is the conv's own: no padded copy of the
+    activation (which F.pad makes even of a zero padding). Lopsided (stride 2, an even
+    side), it pads a copy as TensorFlow did. The same figures either way."""
+    torch.manual_seed(0)
+    conv = pretrained.SameConv2d(4, 6, kernel, stride, groups=1).eval()
+    x = torch.randn(2, 4, size, size)
+    pretrained.fit_padding(conv, (4, size, size))
+    want = torch.nn.functional.conv2d(
+        torch.nn.functional.pad(x, conv.same), conv.weight, None, stride
+    )
+    pads = []
+    real_pad = torch.nn.functional.pad
+    monkeypatch.setattr(
+        pretrained.F, "pad", lambda t, p, *a, **k: pads.append(p) or real_pad(t, p, *a, **k)
+    )
+    with torch.no_grad():
+        got = conv(x)
+    torch.testing.assert_close(got, want)
+    left, right, top, bottom = conv.same
+    assert bool(pads) == (left != right or top != bottom)
