@@ -168,19 +168,32 @@ def run_workers(
     (docker stop's grace is 10 s)."""
     slots = slots_for(parse_gpus(gpus))
     orphans = Orphans() if adopt_orphans() else None
-    stopping = False
-    no_more_passes = threading.Event()
+    stopping = threading.Event()  # and no reconcile pass starts from then on
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-        no_more_passes.set()
+        stopping.set()
         for s in slots:
             if s.proc and s.proc.poll() is None:
                 s.proc.send_signal(signum)
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
+    _start_all(slots, queue, redis_url, burst)
+    if reconcile is not None:
+        _every(reconcile, reconcile_every_s, stopping)
+    while True:
+        alive = [s for s in slots if s.proc and s.proc.poll() is None]
+        if not alive and (stopping.is_set() or burst):
+            stopping.set()
+            return max(abs(int(s.proc.returncode or 0)) for s in slots if s.proc)
+        adopted = orphans is not None and orphans.running(slots)
+        if not stopping.is_set() and not burst:
+            for s in slots:
+                _restart_if_exited(s, queue, redis_url, held_back=adopted, check=schema_problem)
+        time.sleep(0.5)
+
+
+def _start_all(slots: list[Slot], queue: str, redis_url: str, burst: bool) -> None:
     own = running_versions()
     for s in slots:
         spawn(s, queue, redis_url, burst)
@@ -189,18 +202,6 @@ def run_workers(
             f"JobSpec {own.spec}, schema {own.schema})",
             file=sys.stderr,
         )
-    if reconcile is not None:
-        _every(reconcile, reconcile_every_s, no_more_passes)
-    while True:
-        alive = [s for s in slots if s.proc and s.proc.poll() is None]
-        if not alive and (stopping or burst):
-            no_more_passes.set()
-            return max(abs(int(s.proc.returncode or 0)) for s in slots if s.proc)
-        adopted = orphans is not None and orphans.running(slots)
-        if not stopping and not burst:
-            for s in slots:
-                _restart_if_exited(s, queue, redis_url, held_back=adopted, check=schema_problem)
-        time.sleep(0.5)
 
 
 def _every(step: Callable[[], None], every_s: float, until: threading.Event) -> None:
