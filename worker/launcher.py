@@ -170,10 +170,13 @@ def run_workers(
     orphans = Orphans() if adopt_orphans() else None
     stopping = threading.Event()  # and no reconcile pass starts from then on
 
+    told: dict[int, int] = {}  # pid: the stop signal sent, once (RQ: a second one kills the job)
+
     def forward(signum: int, _frame: FrameType | None) -> None:
         stopping.set()
         for s in slots:
-            if s.proc and s.proc.poll() is None:
+            if s.proc and s.proc.poll() is None and s.proc.pid not in told:
+                told[s.proc.pid] = signum
                 s.proc.send_signal(signum)
 
     signal.signal(signal.SIGINT, forward)
@@ -186,11 +189,22 @@ def run_workers(
         if not alive and (stopping.is_set() or burst):
             stopping.set()
             return max(abs(int(s.proc.returncode or 0)) for s in slots if s.proc)
+        if stopping.is_set():
+            _tell_late_starters(alive, told)
         adopted = orphans is not None and orphans.running(slots)
         if not stopping.is_set() and not burst:
             for s in slots:
                 _restart_if_exited(s, queue, redis_url, held_back=adopted, check=schema_problem)
         time.sleep(0.5)
+
+
+def _tell_late_starters(alive: list[Slot], told: dict[int, int]) -> None:
+    """A worker started as the stop signal came (it was handled mid-spawn) gets it too."""
+    signum = next(iter(told.values()), signal.SIGTERM)
+    for s in alive:
+        if s.proc and s.proc.pid not in told:
+            told[s.proc.pid] = signum
+            s.proc.send_signal(signum)
 
 
 def _start_all(slots: list[Slot], queue: str, redis_url: str, burst: bool) -> None:
@@ -213,7 +227,8 @@ def _every(step: Callable[[], None], every_s: float, until: threading.Event) -> 
             try:
                 step()
             except Exception as e:  # the next pass tries again: the thread must not end
-                print(f"trainq worker: reconcile pass failed: {e!r}", file=sys.stderr)
+                with contextlib.suppress(Exception):  # nor end on a full or closed stderr
+                    print(f"trainq worker: reconcile pass failed: {e!r}", file=sys.stderr)
             until.wait(every_s)
 
     threading.Thread(target=loop, name="trainq-reconcile", daemon=True).start()

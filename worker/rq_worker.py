@@ -22,7 +22,7 @@ import onnxscript  # noqa: F401  (the ONNX exporter's: a second of each job's ex
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
 import torchvision  # noqa: F401
 from redis.exceptions import RedisError
-from rq import Queue, Worker, worker_registration
+from rq import Queue, worker_registration
 from rq.command import handle_stop_job_command
 from rq.executions import Execution
 from rq.job import Job
@@ -39,6 +39,7 @@ from core.redis_client import READ_TIMEOUT_S, connect, use_read_timeout
 from core.train.checker import share
 from core.train.export import warm_up
 from core.versions import running_versions
+from worker.command_channel import CommandChannel
 
 # worker.entries imports the job function and all it imports: ready in each fork.
 from worker.entries import (
@@ -58,7 +59,6 @@ log = logging.getLogger("trainq.worker")
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}  # RQ's warm shutdown
 FAIR_POLL_S = 1  # fair share: how often an idle worker looks again at a queue it cannot take from
-COMMAND_WAIT_S = 1.0  # the command channel's thread looks at its stop flag this often
 
 
 def _command(data: object) -> dict[str, Any] | None:
@@ -74,7 +74,7 @@ def _command(data: object) -> dict[str, Any] | None:
     return payload if isinstance(payload.get("job_id"), str) else None
 
 
-class TrainqWorker(Worker):
+class TrainqWorker(CommandChannel):
     """RQ's forking worker, for trainq's one job function: it runs only entries that keep
     the queue contract (core.queue)."""
 
@@ -156,21 +156,6 @@ class TrainqWorker(Worker):
             if fetched is not None:
                 fetched[0].redis_server_version = self.get_redis_server_version()  # as RQ's
                 return fetched
-
-    def subscribe(self) -> None:
-        """RQ's, but the thread that hears the command channel waits at most COMMAND_WAIT_S
-        for a message (RQ's waits a minute; a message is heard as it comes either way). RQ's
-        teardown stops that thread and redis-py's stop waits for it: once the thread had read
-        its unsubscription, a stopping worker waited the whole minute, past docker stop's
-        10 s grace, and was killed."""
-        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
-        self.pubsub = self.connection.pubsub()
-        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
-        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]
-            sleep_time=COMMAND_WAIT_S,
-            daemon=True,
-            exception_handler=self._pubsub_exception_handler,
-        )
 
     def handle_payload(self, message: dict[str, Any]) -> None:
         """RQ's command channel takes anyone's message who can write to Redis. Only

@@ -39,7 +39,9 @@ def resolve_amp(amp: Amp, device: torch.device) -> torch.dtype | None:
             raise InvalidSpec("amp", "fp16 needs a CUDA GPU; use 'bf16', 'off' or 'auto'")
         return torch.float16
     if amp is Amp.bf16:
-        if device.type == "cuda" and not gpu_computes_bf16(device):
+        # Asked for by name: run where torch runs it at all, emulated on an older GPU too
+        # (slower than fp16, but the same result on every worker of a mixed fleet).
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise InvalidSpec("amp", "this GPU has no bf16; use 'fp16', 'off' or 'auto'")
         return torch.bfloat16
     # auto

@@ -31,8 +31,9 @@ def is_rq_worker(pid: int) -> bool:
 
 
 def horses(rq_worker: int) -> list[int]:
-    """The worker's running work horse, if any (a fork of it: its command line)."""
-    return [p for p in children(rq_worker) if alive(p) and is_rq_worker(p)]
+    """The worker's running work horse, if any: a fork of it (its command line) that leads
+    a process group of its own (not the checker, forked and not yet started)."""
+    return [p for p in children(rq_worker) if alive(p) and is_rq_worker(p) and _leads(p)]
 
 
 def rq_workers(launcher: int) -> list[int]:
