@@ -45,6 +45,13 @@ class Settings(BaseSettings):
         description="The fresh process that checks a trained model's formats answers within "
         "this long, or the job is retried elsewhere (as a restart) from its final checkpoint.",
     )
+    dataset_keep_mb: int = Field(
+        2048,
+        ge=0,
+        description="Each worker keeps the data sets of its recent jobs in memory, up to this "
+        "many MiB (0: none), so the next job on one skips reading it; all are dropped when "
+        "the host (or the worker's cgroup) has less than a tenth of its memory, or 1 GiB, free.",
+    )
     reconcile_interval_s: float = Field(10.0, gt=0, description="How often workers reconcile.")
     version_skew_pause_s: float = Field(
         5.0,

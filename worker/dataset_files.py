@@ -12,6 +12,7 @@ from core.files import write_atomic
 from core.spec import user_dataset_id
 from core.store import dataset_data
 from core.train.data import user_dataset_path
+from core.train.kept_data import KEPT
 
 
 def place_dataset(db: Database, data_dir: Path, name: str) -> None:
@@ -25,7 +26,8 @@ def place_dataset(db: Database, data_dir: Path, name: str) -> None:
     with db.writer() as s:
         if path.exists():
             row = s.get(UserDataset, ds_id)
-            if row is not None and _sha256(path) == row.sha256:
+            known = KEPT.file_sha256(name, data_dir)  # as its worker read it: not hashed again
+            if row is not None and (known or _sha256(path)) == row.sha256:
                 return
         found = dataset_data(s, dataset_id=ds_id)
     if found is None:

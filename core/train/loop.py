@@ -26,6 +26,7 @@ from core.train.device import (
 )
 from core.train.epoch import Limits, train_epoch
 from core.train.export import VERIFY_TIMEOUT_S, Exports, export_models
+from core.train.kept_data import KEPT
 from core.train.metrics import Callbacks, EpochMetrics, RunInfo, TrainResult
 from core.train.normalization import kept
 from core.train.progress import EpochStats
@@ -239,6 +240,7 @@ def _result(
     result.record["export_s"] = round(exports.seconds, 3)
     # Where the run's time went; each format's export and check are in record["formats"].
     result.record["timings"] = {k: round(v, 3) for k, v in timings.items()}
+    result.record["data_kept"] = KEPT.holds(run.data)  # read by the worker before this job
     result.weights = run.weights()
     return result
 

@@ -17,9 +17,10 @@ from core.errors import InvalidSpec
 from core.model_sizes import model_too_large
 from core.spec import DataPath, JobSpec, Optimizer, Scheduler
 from core.train.archs import build_model, classifier_parameters, freeze_backbone, start_from
+from core.train.article_loader import loader_batches
 from core.train.augment import augmenter
 from core.train.class_metrics import ConfusionCounter
-from core.train.data import Dataset, ResidentBatches, loader_batches, pixel_affine
+from core.train.data import Dataset, ResidentBatches, pixel_affine
 from core.train.ema import Ema
 from core.train.normalization import WEIGHTS_KEY, Normalization, choose, split_weights
 from core.train.progress import EpochProgress

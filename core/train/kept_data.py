@@ -1,0 +1,170 @@
+"""Data sets a worker keeps in memory between jobs, so that the trials of a sweep and the jobs
+on one set read, check and hash its files once, not once per job.
+
+Jobs run in work horses forked from the RQ worker (worker.rq_worker), and a horse's memory
+goes with it: the set is therefore read in the worker, before the fork (`fill`), and every
+horse forked after finds it (`find`), shared with the worker page for page until something
+writes to it. Reading a set runs no torch op (core.train.data.read_dataset), so the worker
+makes no thread pool that a fork would lose. A kept set is used only while its files are the
+ones it was read from (device, inode, size and modification time; a replaced file is a new
+inode); the kept sets are bounded by bytes (`Settings.dataset_keep_mb`), the least recently
+used dropped first, and all of them dropped when the host runs short of memory."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from core.train.data import Dataset
+
+Identity = tuple[tuple[int, int, int, int], ...]  # per file: device, inode, size, mtime_ns
+MIN_FREE_BYTES = 1 << 30  # a set is kept only while the host keeps this much free, after it
+MIN_FREE_FRACTION = 0.1  # or this share of its memory, whichever is more
+
+
+@dataclass(frozen=True)
+class _Kept:
+    dataset: Dataset
+    files: Identity
+    nbytes: int
+    file_sha256: str | None  # an uploaded set's .npz, as worker.dataset_files compares it
+
+
+class KeptDatasets:
+    """Recently used data sets, by name and data folder. Off (`max_bytes` 0) until an RQ
+    worker turns it on: a process that trains once has nothing to keep a set for."""
+
+    def __init__(self) -> None:
+        self.max_bytes = 0
+        self._kept: OrderedDict[tuple[str, str], _Kept] = OrderedDict()
+
+    def find(self, name: str, data_dir: Path) -> Dataset | None:
+        kept = self._valid(name, data_dir)
+        return None if kept is None else kept.dataset
+
+    def holds(self, dataset: Dataset) -> bool:
+        """Whether this set's images are those of one kept here (a job's set read by its
+        worker; a run may make its own Dataset of them with another normalisation)."""
+        return any(k.dataset.train is dataset.train for k in self._kept.values())
+
+    def file_sha256(self, name: str, data_dir: Path) -> str | None:
+        """The sha256 of an uploaded set's file as it was read, while the file is that one."""
+        kept = self._valid(name, data_dir)
+        return None if kept is None else kept.file_sha256
+
+    def fill(self, name: str, data_dir: Path) -> bool:
+        """Read the set `name` and keep it, if its files are in place (nothing is fetched or
+        written here: a job's work horse does that) and it fits; whether it is kept now.
+        DatasetNotFound where its files cannot be read."""
+        from core.train.data import dataset_files, read_dataset
+
+        if self.max_bytes <= 0:
+            return False
+        if self._valid(name, data_dir) is not None:
+            return True
+        files = dataset_files(name, data_dir)
+        before = identity(files)
+        if before is None:
+            return False
+        dataset = read_dataset(name, data_dir)
+        digest = _file_sha256(files[0]) if dataset.name.startswith("ds:") else None
+        if identity(files) != before:  # replaced while it was read: the next job reads it
+            return False
+        nbytes = sum(s.images.nbytes + s.labels.nbytes for s in (dataset.train, dataset.test))
+        while self._kept and self._held() + nbytes > self.max_bytes:
+            self._kept.popitem(last=False)
+        if self._held() + nbytes > self.max_bytes or not _room_for(nbytes):
+            return False
+        self._kept[(name, str(data_dir))] = _Kept(dataset, before, nbytes, digest)
+        return True
+
+    def relieve(self) -> int:
+        """Drop every kept set if the host is short of memory; how many went."""
+        if not self._kept or _room_for(0):
+            return 0
+        n = len(self._kept)
+        self._kept.clear()
+        return n
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+    def _held(self) -> int:
+        return sum(k.nbytes for k in self._kept.values())
+
+    def _valid(self, name: str, data_dir: Path) -> _Kept | None:
+        key = (name, str(data_dir))
+        kept = self._kept.get(key)
+        if kept is None:
+            return None
+        from core.train.data import dataset_files
+
+        if identity(dataset_files(name, data_dir)) != kept.files:
+            del self._kept[key]
+            return None
+        self._kept.move_to_end(key)
+        return kept
+
+
+KEPT = KeptDatasets()  # the process's own: the worker fills it, its work horses inherit it
+
+
+def identity(files: tuple[Path, ...]) -> Identity | None:
+    """What tells these files from any that replace them; None if one is missing."""
+    out = []
+    for path in files:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def _file_sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _room_for(nbytes: int) -> bool:
+    """Whether the host keeps its free share of memory with `nbytes` more held. Where the
+    kernel does not say (no /proc/meminfo), only the bound in bytes holds."""
+    info = _meminfo()
+    if info is None:
+        return True
+    total, available = info
+    return available - nbytes >= max(MIN_FREE_BYTES, int(total * MIN_FREE_FRACTION))
+
+
+def _meminfo() -> tuple[int, int] | None:
+    """Total and available memory in bytes: the kernel's MemTotal and MemAvailable, or this
+    process's cgroup's limit and what is left under it where that is less (a container)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        total = int(fields["MemTotal"].split()[0]) * 1024
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+    limit = _cgroup_limit()
+    if limit is not None and limit[0] < total:
+        total, available = limit[0], min(available, limit[0] - limit[1])
+    return total, available
+
+
+def _cgroup_limit() -> tuple[int, int] | None:
+    """cgroup v2's memory.max and memory.current for this process, if it has a limit."""
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as f:
+            path = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))
+        folder = Path("/sys/fs/cgroup") / path.lstrip("/")
+        limit = (folder / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit), int((folder / "memory.current").read_text())
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
