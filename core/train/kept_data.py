@@ -13,6 +13,7 @@ used dropped first, and all of them dropped when the host runs short of memory."
 from __future__ import annotations
 
 import hashlib
+import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,17 +69,17 @@ class KeptDatasets:
             return True
         files = dataset_files(name, data_dir)
         before = identity(files)
-        if before is None:
-            return False
+        if before is None or not self._fits(_estimated_bytes(files)):
+            return False  # not in place (the horse places it), or too large to keep: unread
         dataset = read_dataset(name, data_dir)
         digest = _file_sha256(files[0]) if dataset.name.startswith("ds:") else None
         if identity(files) != before:  # replaced while it was read: the next job reads it
             return False
         nbytes = sum(s.images.nbytes + s.labels.nbytes for s in (dataset.train, dataset.test))
+        if not self._fits(nbytes):  # read, but larger than its estimate
+            return False
         while self._kept and self._held() + nbytes > self.max_bytes:
             self._kept.popitem(last=False)
-        if self._held() + nbytes > self.max_bytes or not _room_for(nbytes):
-            return False
         self._kept[(name, str(data_dir))] = _Kept(dataset, before, nbytes, digest)
         return True
 
@@ -92,6 +93,10 @@ class KeptDatasets:
 
     def clear(self) -> None:
         self._kept.clear()
+
+    def _fits(self, nbytes: int) -> bool:
+        """Whether a set this large may be kept, the least recently used ones given up."""
+        return nbytes <= self.max_bytes and _room_for(nbytes)
 
     def _held(self) -> int:
         return sum(k.nbytes for k in self._kept.values())
@@ -123,6 +128,18 @@ def identity(files: tuple[Path, ...]) -> Identity | None:
             return None
         out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     return tuple(out)
+
+
+def _estimated_bytes(files: tuple[Path, ...]) -> int:
+    """About what the set takes in memory, from its files alone: an .npz's arrays as its zip
+    lists them (compressed, the file is smaller than its arrays), else the files' sizes."""
+    if len(files) == 1 and files[0].suffix == ".npz":
+        try:
+            with zipfile.ZipFile(files[0]) as zf:
+                return sum(i.file_size for i in zf.infolist())
+        except (OSError, zipfile.BadZipFile):
+            return 0  # read_dataset says what is wrong with it
+    return sum(p.stat().st_size for p in files)
 
 
 def _file_sha256(path: Path) -> str:

@@ -114,6 +114,28 @@ def test_the_kept_sets_stay_within_their_bytes(kept: KeptDatasets, sample_dir: P
     assert kept.find("mnist-sample", sample_dir) is None
 
 
+def test_a_set_too_large_to_keep_is_not_read(kept: KeptDatasets, tmp_path: Path) -> None:
+    """Its size comes from the zip's listing: a compressed set is far smaller on disk."""
+    folder = tmp_path / "datasets" / "by-id"
+    folder.mkdir(parents=True)
+    with (folder / f"{DS_ID}.npz").open("wb") as f:
+        np.savez_compressed(
+            f,
+            x_train=np.zeros((2000, 1, 100, 100), np.uint8),  # 20 MB, compressed to KBs
+            y_train=np.zeros(2000, np.int64),
+            x_test=np.zeros((1, 1, 100, 100), np.uint8),
+            y_test=np.zeros(1, np.int64),
+        )
+    name = f"ds:{DS_ID}"
+    assert (folder / f"{DS_ID}.npz").stat().st_size < 1 << 20
+    assert kept_data._estimated_bytes(dataset_files(name, tmp_path)) > 20_000_000
+    kept.max_bytes = 10 << 20
+    assert kept.fill("mnist-sample", tmp_path) is False  # not in place: nothing evicted either
+    assert not kept.fill(name, tmp_path)
+    kept.max_bytes = 40 << 20
+    assert kept.fill(name, tmp_path)
+
+
 def test_short_memory_drops_them_all_and_keeps_none(
     kept: KeptDatasets, sample_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
