@@ -1,5 +1,5 @@
-"""The data set of the job a worker is about to fork a horse for, kept in the worker's memory
-(core.train.kept_data) so that this job and the ones after it on that set do not read it."""
+"""The data set of the job a worker has just run, kept in the worker's memory
+(core.train.kept_data) so that the jobs after it on that set do not read it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
+from rq.exceptions import StopRequested
 from rq.job import Job
 
 from core.spec import USER_DATASET_PREFIX, JobSpec
@@ -17,14 +18,20 @@ from core.train.kept_data import KEPT
 log = logging.getLogger("trainq.worker")
 
 
-def keep_data(job: Job, data_dir: Path) -> None:
-    """Before the fork: drop the kept sets if memory is short, then read and keep this job's
-    set if it is not kept already. The entry is not yet admitted (worker.admission), so its
-    set's name is only read here, checked for form; a kept set is used by a horse only
-    after its job was admitted. Any failure leaves the horse to read the set, as before."""
+def relieve_memory() -> None:
+    """Before a fork: drop the kept sets whose files are gone or changed (a deleted upload),
+    and every kept set if memory has run short."""
     dropped = KEPT.relieve()
     if dropped:
-        log.warning("memory is short: %d kept data set(s) dropped", dropped)
+        log.warning("%d kept data set(s) dropped: memory is short", dropped)
+
+
+def keep_data(job: Job, data_dir: Path) -> None:
+    """After a job's horse ended: read and keep the set its entry names, if it is in place
+    (the horse placed or installed it) and not kept already, so that the horses of the next
+    jobs on it find it. Only the name is read from the entry, and checked for form; a horse
+    uses a kept set only for a job admitted to train on it. A failure leaves the next horse
+    to read the set, as before; a stop asked meanwhile (RQ's StopRequested) goes through."""
     name = dataset_name(job)
     if name is None:
         return
@@ -32,7 +39,9 @@ def keep_data(job: Job, data_dir: Path) -> None:
         started = time.perf_counter()
         if KEPT.find(name, data_dir) is None and KEPT.fill(name, data_dir):
             log.info("data set %s read and kept in %.2f s", name, time.perf_counter() - started)
-    except Exception as e:  # a damaged or missing file: the horse says so in the job
+    except StopRequested:
+        raise
+    except Exception as e:  # a damaged or missing file: the next horse says so in its job
         log.info("data set %s not kept: %s", name, e)
 
 

@@ -53,7 +53,7 @@ from worker.entries import (
 )
 from worker.entry_checks import contract_violation
 from worker.fair_share import FairShare
-from worker.kept import keep_data
+from worker.kept import keep_data, relieve_memory
 from worker.logs import configure_json_logging
 from worker.work_loop import RETRY_FIRST_S, RETRY_MAX_S, asked_to_stop, exit_at_once, serve
 
@@ -197,9 +197,11 @@ class TrainqWorker(CommandChannel):
         reason = contract_violation(queue_entry(job))
         if reason is None:
             _share_checker()  # again if it exited: the horse forked next asks it
-            keep_data(job, self.data_dir)  # read here once, shared with each horse after
+            relieve_memory()  # kept data sets that are gone, or all if memory is short
             job.timeout = self.job_timeout_s  # the worker's own, as the TTLs (TrainqJob.restore)
             super().execute_job(job, queue)
+            if not asked_to_stop(self):  # read here once, for the horses of the next jobs
+                keep_data(job, self.data_dir)
         else:
             self.refuse(job, queue, reason)
 

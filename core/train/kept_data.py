@@ -2,9 +2,9 @@
 on one set read, check and hash its files once, not once per job.
 
 Jobs run in work horses forked from the RQ worker (worker.rq_worker), and a horse's memory
-goes with it: the set is therefore read in the worker, before the fork (`fill`), and every
-horse forked after finds it (`find`), shared with the worker page for page until something
-writes to it. Reading a set runs no torch op (core.train.data.read_dataset), so the worker
+goes with it: the set is therefore read in the worker, after a job on it ended (`fill`),
+and every horse forked after finds it (`find`), shared with the worker page for page until
+something writes to it. Reading a set runs no torch op (core.train.data.read_dataset), so the worker
 makes no thread pool that a fork would lose. A kept set is used only while its files are the
 ones it was read from (device, inode, size and modification time; a replaced file is a new
 inode); the kept sets are bounded by bytes (`Settings.dataset_keep_mb`), the least recently
@@ -76,7 +76,7 @@ class KeptDatasets:
         if identity(files) != before:  # replaced while it was read: the next job reads it
             return False
         nbytes = sum(s.images.nbytes + s.labels.nbytes for s in (dataset.train, dataset.test))
-        if not self._fits(nbytes):  # read, but larger than its estimate
+        if nbytes > self.max_bytes or not _room_for(0):  # larger than estimated (it is held)
             return False
         while self._kept and self._held() + nbytes > self.max_bytes:
             self._kept.popitem(last=False)
@@ -84,7 +84,10 @@ class KeptDatasets:
         return True
 
     def relieve(self) -> int:
-        """Drop every kept set if the host is short of memory; how many went."""
+        """Drop the kept sets whose files are gone or replaced (a deleted upload: no job can
+        use it again), and every kept set if the host is short of memory; how many went."""
+        for name, folder in list(self._kept):
+            self._valid(name, Path(folder))
         if not self._kept or _room_for(0):
             return 0
         n = len(self._kept)
@@ -130,13 +133,16 @@ def identity(files: tuple[Path, ...]) -> Identity | None:
     return tuple(out)
 
 
+_READ = {f"{k}.npy" for k in ("x_train", "y_train", "x_test", "y_test")}  # no x_holdout
+
+
 def _estimated_bytes(files: tuple[Path, ...]) -> int:
     """About what the set takes in memory, from its files alone: an .npz's arrays as its zip
     lists them (compressed, the file is smaller than its arrays), else the files' sizes."""
     if len(files) == 1 and files[0].suffix == ".npz":
         try:
             with zipfile.ZipFile(files[0]) as zf:
-                return sum(i.file_size for i in zf.infolist())
+                return sum(i.file_size for i in zf.infolist() if i.filename in _READ)
         except (OSError, zipfile.BadZipFile):
             return 0  # read_dataset says what is wrong with it
     return sum(p.stat().st_size for p in files)

@@ -15,12 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from rq.exceptions import StopRequested
 
+from core.errors import DatasetNotFound
 from core.files import write_atomic
 from core.train import kept_data
 from core.train.data import dataset_files, load_dataset, read_dataset
 from core.train.kept_data import KeptDatasets
-from worker.kept import dataset_name
+from worker.kept import dataset_name, keep_data
 
 ROOT = Path(__file__).resolve().parents[2]
 DS_ID = "3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"
@@ -145,6 +147,37 @@ def test_short_memory_drops_them_all_and_keeps_none(
     assert kept.relieve() == 1
     assert kept.find("mnist-sample", sample_dir) is None
     assert not kept.fill("mnist-sample", sample_dir)
+
+
+def test_a_set_whose_file_is_gone_is_dropped_before_the_next_job(
+    kept: KeptDatasets, tmp_path: Path
+) -> None:
+    name = upload(tmp_path, 16)
+    assert kept.fill(name, tmp_path) and kept.fill("mnist-sample", tmp_path) is False
+    dataset_files(name, tmp_path)[0].unlink()  # a deleted upload, pruned from the host
+    assert kept.relieve() == 0  # memory is not short: only the gone set went
+    assert kept._held() == 0
+
+
+def test_a_stop_asked_while_a_set_is_read_goes_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ raises StopRequested in the worker's main thread at SIGTERM when it is idle, as it
+    is while it reads a set: swallowed, the worker would take the next entry and the next."""
+
+    def stop_asked(name: str, data_dir: Path) -> bool:
+        raise StopRequested
+
+    monkeypatch.setattr(kept_data.KEPT, "fill", stop_asked)
+    job = SimpleNamespace(kwargs={"spec": {"dataset": "mnist"}}, args=())
+    with pytest.raises(StopRequested):
+        keep_data(job, tmp_path)  # type: ignore[arg-type]
+
+    def damaged(name: str, data_dir: Path) -> bool:
+        raise DatasetNotFound("damaged")
+
+    monkeypatch.setattr(kept_data.KEPT, "fill", damaged)
+    keep_data(job, tmp_path)  # type: ignore[arg-type]  # logged: the next horse says so
 
 
 def test_off_keeps_nothing(sample_dir: Path) -> None:
