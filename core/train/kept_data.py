@@ -6,8 +6,8 @@ goes with it: the set is therefore read in the worker, after a job on it ended (
 and every horse forked after finds it (`find`), shared with the worker page for page until
 something writes to it. Reading a set runs no torch op (core.train.data.read_dataset), so the worker
 makes no thread pool that a fork would lose. A kept set is used only while its files are the
-ones it was read from (device, inode, size and modification time; a replaced file is a new
-inode); the kept sets are bounded by bytes (`Settings.dataset_keep_mb`), the least recently
+ones it was read from (device, inode, size, modification and change times; a replaced file is
+a new inode); the kept sets are bounded by bytes (`Settings.dataset_keep_mb`), the least recently
 used dropped first, and all of them dropped when the host runs short of memory."""
 
 from __future__ import annotations
@@ -19,10 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.host_memory import memory
+
 if TYPE_CHECKING:
     from core.train.data import Dataset
 
-Identity = tuple[tuple[int, int, int, int], ...]  # per file: device, inode, size, mtime_ns
+# Per file: device, inode, size, and the times of its last write and of its last change of
+# any kind (a write whose mtime was set back, `touch -r`, `rsync --inplace`, still moves ctime).
+Identity = tuple[tuple[int, int, int, int, int], ...]
 MIN_FREE_BYTES = 1 << 30  # a set is kept only while the host keeps this much free, after it
 MIN_FREE_FRACTION = 0.1  # or this share of its memory, whichever is more
 
@@ -46,6 +50,14 @@ class KeptDatasets:
     def find(self, name: str, data_dir: Path) -> Dataset | None:
         kept = self._valid(name, data_dir)
         return None if kept is None else kept.dataset
+
+    def use_only(self, name: str, data_dir: Path) -> Dataset | None:
+        """A work horse's: its job's set if kept, every other set let go in this process, so
+        that the worker can free them while the job runs (worker.kept.relieve_memory)."""
+        found = self.find(name, data_dir)
+        for key in [k for k in self._kept if k != (name, str(data_dir))]:
+            del self._kept[key]
+        return found
 
     def holds(self, dataset: Dataset) -> bool:
         """Whether this set's images are those of one kept here (a job's set read by its
@@ -129,7 +141,7 @@ def identity(files: tuple[Path, ...]) -> Identity | None:
             st = path.stat()
         except OSError:
             return None
-        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     return tuple(out)
 
 
@@ -156,38 +168,8 @@ def _file_sha256(path: Path) -> str:
 def _room_for(nbytes: int) -> bool:
     """Whether the host keeps its free share of memory with `nbytes` more held. Where the
     kernel does not say (no /proc/meminfo), only the bound in bytes holds."""
-    info = _meminfo()
+    info = memory()
     if info is None:
         return True
     total, available = info
     return available - nbytes >= max(MIN_FREE_BYTES, int(total * MIN_FREE_FRACTION))
-
-
-def _meminfo() -> tuple[int, int] | None:
-    """Total and available memory in bytes: the kernel's MemTotal and MemAvailable, or this
-    process's cgroup's limit and what is left under it where that is less (a container)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        total = int(fields["MemTotal"].split()[0]) * 1024
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
-    limit = _cgroup_limit()
-    if limit is not None and limit[0] < total:
-        total, available = limit[0], min(available, limit[0] - limit[1])
-    return total, available
-
-
-def _cgroup_limit() -> tuple[int, int] | None:
-    """cgroup v2's memory.max and memory.current for this process, if it has a limit."""
-    try:
-        with open("/proc/self/cgroup", encoding="ascii") as f:
-            path = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))
-        folder = Path("/sys/fs/cgroup") / path.lstrip("/")
-        limit = (folder / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        return int(limit), int((folder / "memory.current").read_text())
-    except (OSError, StopIteration, ValueError, IndexError):
-        return None

@@ -237,3 +237,41 @@ def test_reading_a_set_starts_no_thread(data_dir: Path) -> None:
 def test_only_a_well_formed_set_name_is_read_from_an_entry(spec: Any, name: str | None) -> None:
     assert dataset_name(SimpleNamespace(kwargs={"spec": spec}, args=())) == name  # type: ignore[arg-type]
     assert dataset_name(SimpleNamespace(kwargs={}, args=(spec,))) == name  # type: ignore[arg-type]
+
+
+def test_a_file_written_with_its_time_set_back_is_not_taken_for_the_kept_one(
+    kept: KeptDatasets, tmp_path: Path
+) -> None:
+    """`touch -r` or `rsync --inplace` keeps size and mtime; the change time still moves."""
+    name = upload(tmp_path, 16)
+    assert kept.fill(name, tmp_path)
+    path = dataset_files(name, tmp_path)[0]
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    assert kept.file_sha256(name, tmp_path) is None and kept.find(name, tmp_path) is None
+
+
+def test_a_horse_lets_go_of_the_sets_its_job_does_not_use(
+    kept: KeptDatasets, sample_dir: Path
+) -> None:
+    name = upload(sample_dir, 16)
+    assert kept.fill(name, sample_dir) and kept.fill("mnist-sample", sample_dir)
+    found = kept.use_only("mnist-sample", sample_dir)
+    assert found is not None and kept.holds(found)
+    assert kept.find(name, sample_dir) is None
+    assert kept.use_only(name, sample_dir) is None and kept._held() == 0
+
+
+def test_a_damaged_sample_names_what_is_wrong_and_how_to_mend_it(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    shutil.copytree(data_dir / "mnist-sample", tmp_path / "mnist-sample")
+    raw = tmp_path / "mnist-sample" / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    raw.write_bytes(raw.read_bytes()[:1000])
+    with pytest.raises(DatasetNotFound) as e:
+        load_dataset("mnist-sample", tmp_path)
+    assert "()" not in str(e.value) and "delete" in str(e.value)
