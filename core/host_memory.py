@@ -39,8 +39,8 @@ def _meminfo() -> tuple[int, int] | None:
 def _cgroup_limits() -> list[tuple[int, int]]:
     """(limit, room left) of each memory cgroup with a limit, from this process's up."""
     try:
-        lines = Path("/proc/self/cgroup").read_text(encoding="ascii").splitlines()
-    except OSError:
+        lines = Path("/proc/self/cgroup").read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError):
         return []
     out = []
     for line in lines:
@@ -88,6 +88,6 @@ def _limit(folder: Path, limit_file: str, usage_file: str, inactive: str) -> tup
             line.split(" ", 1) for line in (folder / "memory.stat").read_text().splitlines()
         )
         reclaimable = int(stat.get(inactive, "0"))
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # ValueError: a line or number not as the kernel writes it
         return None
     return limit, limit - max(0, used - reclaimable)

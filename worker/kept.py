@@ -19,9 +19,17 @@ log = logging.getLogger("trainq.worker")
 
 
 def relieve_memory() -> None:
-    """Before a fork: drop the kept sets whose files are gone or changed (a deleted upload),
-    and every kept set if memory has run short."""
-    dropped = KEPT.relieve()
+    """Before a fork and at each heartbeat while a horse runs: drop the kept sets whose files
+    are gone or changed (a deleted upload), and every kept set if memory has run short. Never
+    fatal: a worker whose horse runs must not stop over its kept sets."""
+    try:
+        dropped = KEPT.relieve()
+    except StopRequested:
+        raise
+    except Exception:
+        log.exception("the kept data sets could not be checked; all dropped")
+        KEPT.clear()
+        return
     if dropped:
         log.warning("%d kept data set(s) dropped: memory is short", dropped)
 

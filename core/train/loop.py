@@ -240,7 +240,7 @@ def _result(
     result.record["export_s"] = round(exports.seconds, 3)
     # Where the run's time went; each format's export and check are in record["formats"].
     result.record["timings"] = {k: round(v, 3) for k, v in timings.items()}
-    result.record["data_kept"] = KEPT.holds(run.data)  # read by the worker before this job
+    result.record["data_kept"] = KEPT.holds(run.data)  # its worker read it after an earlier job
     result.weights = run.weights()
     return result
 

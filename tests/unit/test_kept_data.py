@@ -22,7 +22,7 @@ from core.files import write_atomic
 from core.train import kept_data
 from core.train.data import dataset_files, load_dataset, read_dataset
 from core.train.kept_data import KeptDatasets
-from worker.kept import dataset_name, keep_data
+from worker.kept import dataset_name, keep_data, relieve_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 DS_ID = "3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"
@@ -275,3 +275,19 @@ def test_a_damaged_sample_names_what_is_wrong_and_how_to_mend_it(
     with pytest.raises(DatasetNotFound) as e:
         load_dataset("mnist-sample", tmp_path)
     assert "()" not in str(e.value) and "delete" in str(e.value)
+
+
+def test_checking_the_kept_sets_is_never_fatal_to_the_worker(
+    sample_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It runs at each heartbeat while a horse trains: an error there must not end the
+    worker (the launcher's next one would take a second job onto the same GPU)."""
+    monkeypatch.setattr(kept_data.KEPT, "max_bytes", 1 << 30)
+    assert kept_data.KEPT.fill("mnist-sample", sample_dir)
+
+    def broken() -> int:
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a cgroup file not as written")
+
+    monkeypatch.setattr(kept_data.KEPT, "relieve", broken)
+    relieve_memory()
+    assert kept_data.KEPT.find("mnist-sample", sample_dir) is None  # dropped, to be safe
