@@ -10,7 +10,10 @@
    profiler counts its operations (convolutions, matrix products), and the time by kind:
    convolutions, matrix products, the optimizer, the moving average, augmentation, the rest.
 
-Prints one JSON object.    python -m bench.cpu_peak [--steps 30]
+4. With --variants: the same step compiled (torch.compile, inductor on the CPU) and in the
+   NCHW layout, against trainq's (eager, channels_last), in the same run.
+
+Prints one JSON object.    python -m bench.cpu_peak [--steps 30] [--variants]
 """
 
 from __future__ import annotations
@@ -53,8 +56,8 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 8) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def make_run(recipe: str) -> Run:
-    spec = JobSpec.model_validate({"dataset": "mnist", "recipe": recipe})
+def make_run(recipe: str, **knobs: Any) -> Run:
+    spec = JobSpec.model_validate({"dataset": "mnist", "recipe": recipe, **knobs})
     dev = torch.device("cpu")
     data = load_dataset("mnist", bench_data_dir())
     return Run(spec, dev, resolve_amp(spec.amp, dev), data, lambda: None, data.normalization)
@@ -131,9 +134,37 @@ def one_recipe(recipe: str, n: int, peaks: dict[str, float]) -> dict[str, Any]:
     }
 
 
+def step_ms(run: Run, n: int, repeats: int = 3) -> float:
+    """The best of `repeats` means over n steps, after three to warm up (or compile)."""
+    it = iter(run.batches.epoch(1))
+    steps(run, it, 3)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        steps(run, it, n)
+        best = min(best, (time.perf_counter() - started) / n)
+    return best * 1000
+
+
+def variants(recipe: str, n: int) -> dict[str, Any]:
+    """The step as trainq runs it (channels_last, eager) against torch.compile (inductor, on
+    the CPU) and against the default NCHW layout, in the same run."""
+    ms = {
+        "trainq": step_ms(make_run(recipe), n),
+        "compiled": step_ms(make_run(recipe, compile=True), n),
+        "nchw": step_ms(make_run(recipe, channels_last=False), n),
+    }
+    return {
+        "step_ms": {k: round(v, 2) for k, v in ms.items()},
+        "compiled_vs_trainq": round(ms["trainq"] / ms["compiled"], 2),
+        "nchw_vs_trainq": round(ms["trainq"] / ms["nchw"], 2),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--variants", action="store_true", help="also torch.compile and NCHW")
     args = p.parse_args()
     peaks = {"bf16": matmul_peak(torch.bfloat16), "fp32": matmul_peak(torch.float32)}
     out: dict[str, Any] = {
@@ -144,6 +175,8 @@ def main() -> None:
     }
     for recipe in ("accurate", "fast"):
         out[recipe] = one_recipe(recipe, args.steps, peaks)
+        if args.variants:  # speed ratios: above 1 is faster than trainq's step
+            out[recipe]["variants"] = variants(recipe, args.steps)
     print(json.dumps(out, indent=2))
 
 
