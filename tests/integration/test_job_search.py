@@ -57,7 +57,7 @@ def _name(i: int) -> str | None:
     return f"Run {i}" if i % 2 == 0 else None
 
 
-SWEEP = str(uuid.uuid4())
+SWEEP = "0a901405-5640-451d-8bea-36107e8561b0"  # fixed: it names parametrized cases
 
 
 def _seed(db: Database, owner: str, i: int) -> Seeded:
