@@ -31,6 +31,7 @@ from core.train import TrainResult, is_out_of_memory
 from core.train import train as run_training
 from worker.attempt import SUPERSEDED, Attempt, Claim, End, fail, finish
 from worker.dataset_files import place_dataset
+from worker.kept import tell_worker
 from worker.recorder import Recorder
 from worker.retry import DatabaseAway
 
@@ -44,6 +45,7 @@ def execute(a: Attempt, spec: JobSpec, claim: Claim) -> dict[str, Any]:
     try:
         rec.heart.start()
         place_dataset(a.db, a.settings.data_dir, spec.dataset)
+        tell_worker(spec.dataset)  # the set this admitted job trains on: its worker keeps it
         rec.heart.touch()
         result = run_training(
             spec,

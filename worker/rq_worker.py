@@ -40,6 +40,7 @@ from core.train.checker import share
 from core.train.export import warm_up
 from core.train.kept_data import KEPT
 from core.versions import running_versions
+from worker import kept
 from worker.command_channel import CommandChannel
 
 # worker.entries imports the job function and all it imports: ready in each fork.
@@ -53,7 +54,7 @@ from worker.entries import (
 )
 from worker.entry_checks import contract_violation
 from worker.fair_share import FairShare
-from worker.kept import keep_data, relieve_memory
+from worker.kept import keep_data, need_for, relieve_memory
 from worker.logs import configure_json_logging
 from worker.work_loop import RETRY_FIRST_S, RETRY_MAX_S, asked_to_stop, exit_at_once, serve
 
@@ -197,11 +198,17 @@ class TrainqWorker(CommandChannel):
         reason = contract_violation(queue_entry(job))
         if reason is None:
             _share_checker()  # again if it exited: the horse forked next asks it
-            relieve_memory()  # kept data sets that are gone, or all if memory is short
+            relieve_memory(need_for(job, self.data_dir))  # room for what the horse reads
             job.timeout = self.job_timeout_s  # the worker's own, as the TTLs (TrainqJob.restore)
-            super().execute_job(job, queue)
+            kept.TOLD = kept.Told()  # the horse tells which set its admitted job trained on
+            try:
+                super().execute_job(job, queue)
+            finally:
+                told, kept.TOLD = kept.TOLD.heard(), None
             if not asked_to_stop(self):  # read here once, for the horses of the next jobs
-                keep_data(job, self.data_dir)
+                with contextlib.suppress(RedisError):  # seen alive through a long read
+                    self.heartbeat(self.job_monitoring_interval + 60)
+                keep_data(told, self.data_dir)
         else:
             self.refuse(job, queue, reason)
 
@@ -249,11 +256,13 @@ class TrainqWorker(CommandChannel):
         super().heartbeat(timeout, pipeline)
 
     def maintain_heartbeats(self, job: Job, execution: Execution) -> None:
-        relieve_memory()  # the horse let go of the sets it does not use (KEPT.use_only)
         try:
             super().maintain_heartbeats(job, execution)
         except RedisError as e:  # as in heartbeat: the horse goes on, and so does its parent
             log.warning("job heartbeat of %s not sent (%s); the job goes on", job.id, e)
+        # After the beat, memory only (no file is read): the horse let go of the sets it
+        # does not use (KEPT.use_only), so dropping them here frees them.
+        relieve_memory(check_files=False)
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         """RQ's fork, with SIGTERM and SIGINT held across it. In the worker, one that came

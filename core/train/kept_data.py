@@ -95,16 +95,29 @@ class KeptDatasets:
         self._kept[(name, str(data_dir))] = _Kept(dataset, before, nbytes, digest)
         return True
 
-    def relieve(self) -> int:
+    def relieve(self, need: int = 0, *, check_files: bool = True) -> int:
         """Drop the kept sets whose files are gone or replaced (a deleted upload: no job can
-        use it again), and every kept set if the host is short of memory; how many went."""
-        for name, folder in list(self._kept):
-            self._valid(name, Path(folder))
-        if not self._kept or _room_for(0):
+        use it again), and every kept set if the host is short of memory with `need` bytes
+        more in use; how many went for memory."""
+        if check_files:
+            for name, folder in list(self._kept):
+                self._valid(name, Path(folder))
+        if not self._kept or _room_for(need):
             return 0
         n = len(self._kept)
         self._kept.clear()
         return n
+
+    def need(self, name: str, data_dir: Path) -> int:
+        """What a horse will read for this set: nothing if it is kept, else its estimate."""
+        from core.train.data import dataset_files
+
+        if self._valid(name, data_dir) is not None:
+            return 0
+        try:
+            return _estimated_bytes(dataset_files(name, data_dir))
+        except OSError:  # not in place: its horse places it (its size is not known here)
+            return 0
 
     def clear(self) -> None:
         self._kept.clear()

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +23,7 @@ from core.files import write_atomic
 from core.train import kept_data
 from core.train.data import dataset_files, load_dataset, read_dataset
 from core.train.kept_data import KeptDatasets
-from worker.kept import dataset_name, keep_data, relieve_memory
+from worker.kept import Told, dataset_name, keep_data, relieve_memory, well_formed
 
 ROOT = Path(__file__).resolve().parents[2]
 DS_ID = "3f2c1e9a-0d4b-4c8e-9a57-2b1f0c6d7e88"
@@ -169,15 +170,14 @@ def test_a_stop_asked_while_a_set_is_read_goes_through(
         raise StopRequested
 
     monkeypatch.setattr(kept_data.KEPT, "fill", stop_asked)
-    job = SimpleNamespace(kwargs={"spec": {"dataset": "mnist"}}, args=())
     with pytest.raises(StopRequested):
-        keep_data(job, tmp_path)  # type: ignore[arg-type]
+        keep_data("mnist", tmp_path)
 
     def damaged(name: str, data_dir: Path) -> bool:
         raise DatasetNotFound("damaged")
 
     monkeypatch.setattr(kept_data.KEPT, "fill", damaged)
-    keep_data(job, tmp_path)  # type: ignore[arg-type]  # logged: the next horse says so
+    keep_data("mnist", tmp_path)  # logged: the next horse says so
 
 
 def test_off_keeps_nothing(sample_dir: Path) -> None:
@@ -291,3 +291,40 @@ def test_checking_the_kept_sets_is_never_fatal_to_the_worker(
     monkeypatch.setattr(kept_data.KEPT, "relieve", broken)
     relieve_memory()
     assert kept_data.KEPT.find("mnist-sample", sample_dir) is None  # dropped, to be safe
+
+
+def test_a_horse_tells_its_worker_the_set_its_job_trained_on(sample_dir: Path) -> None:
+    """Over a pipe made before the fork; the worker reads only what was told, never waits,
+    and keeps no set an entry merely names."""
+    told = Told()
+    pid = os.fork()
+    if pid == 0:  # the horse
+        told.tell("mnist-sample")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert told.heard() == "mnist-sample"
+    silent = Told()
+    pid = os.fork()
+    if pid == 0:  # a horse refused at admission, or killed before its set was placed
+        time.sleep(5)  # and still holding the pipe as the worker reads it
+        os._exit(0)
+    began = time.perf_counter()
+    assert silent.heard() is None
+    assert time.perf_counter() - began < 1
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert well_formed("ds:../../etc/passwd") is None and well_formed("mnist") == "mnist"
+
+
+def test_room_is_made_for_what_the_next_horse_reads(
+    kept: KeptDatasets, sample_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = upload(sample_dir, 16)
+    assert kept.fill("mnist-sample", sample_dir)
+    assert kept.need("mnist-sample", sample_dir) == 0  # kept: the horse reads nothing
+    assert kept.need(name, sample_dir) > 16 * 64
+    total, available = kept_data.memory() or (0, 0)
+    if not available:
+        pytest.skip("no /proc/meminfo here")
+    assert kept.relieve(available) == 1  # reading that much more would leave too little
+    assert kept.find("mnist-sample", sample_dir) is None
