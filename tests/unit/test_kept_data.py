@@ -323,7 +323,7 @@ def test_room_is_made_for_what_the_next_horse_reads(
     assert kept.fill("mnist-sample", sample_dir)
     assert kept.need("mnist-sample", sample_dir) == 0  # kept: the horse reads nothing
     assert kept.need(name, sample_dir) > 16 * 64
-    total, available = kept_data.memory() or (0, 0)
+    _total, available = kept_data.memory() or (0, 0)
     if not available:
         pytest.skip("no /proc/meminfo here")
     assert kept.relieve(available) == 1  # reading that much more would leave too little
