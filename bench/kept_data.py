@@ -20,8 +20,7 @@ from core.config import Settings
 from core.errors import DatasetNotFound
 from core.train.data import load_dataset
 from core.train.kept_data import KEPT
-
-DEFAULT_DATA = Path.home() / ".cache" / "trainq" / "datasets"
+from tests.service import DATASETS_CACHE
 
 
 def load_in_a_horse(name: str, data_dir: Path) -> float:
@@ -60,7 +59,7 @@ def measure(name: str, data_dir: Path, jobs: int) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--data-dir", type=Path, default=DATASETS_CACHE)
     p.add_argument("--jobs", type=int, default=5)
     args = p.parse_args()
     KEPT.max_bytes = Settings().dataset_keep_mb << 20

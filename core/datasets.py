@@ -217,7 +217,7 @@ def channel_stats(x: U8, chunk: int = 4096) -> tuple[tuple[float, ...], tuple[fl
     """Per channel, the mean and standard deviation of (N, C, H, W) uint8 pixels in [0, 1]
     units: each channel's 256 grey levels counted a chunk of images at a time (never a copy
     of the whole set), so the figures are exact whatever the order and use no torch (the RQ
-    worker computes them before it forks: worker.rq_worker)."""
+    worker reads sets between its jobs' forks: core.train.kept_data)."""
     levels = np.arange(256, dtype=np.float64)
     mean, std = [], []
     for c in range(x.shape[1]):

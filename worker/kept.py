@@ -8,15 +8,14 @@ import contextlib
 import logging
 import os
 import time
-import uuid
 from pathlib import Path
 
 from rq.exceptions import StopRequested
 from rq.job import Job
 
-from core.spec import USER_DATASET_PREFIX, JobSpec
-from core.train.data import BUILT_IN_CLASSES
+from core.spec import DATASETS, USER_DATASET_PREFIX, JobSpec
 from core.train.kept_data import KEPT
+from worker.entry_checks import is_uuid
 
 log = logging.getLogger("trainq.worker")
 
@@ -118,16 +117,9 @@ def well_formed(name: object) -> str | None:
     """`name` if it is a built-in set's or an upload's canonical "ds:<uuid>" (no path)."""
     if not isinstance(name, str):
         return None
-    if name in BUILT_IN_CLASSES:
+    if name in DATASETS:
         return name
     ds_id = name.removeprefix(USER_DATASET_PREFIX)
-    if name.startswith(USER_DATASET_PREFIX) and _is_uuid(ds_id):
+    if name.startswith(USER_DATASET_PREFIX) and is_uuid(ds_id):
         return name
     return None
-
-
-def _is_uuid(text: str) -> bool:
-    try:
-        return str(uuid.UUID(text)) == text
-    except ValueError:
-        return False
