@@ -201,6 +201,24 @@ def test_warming_up_leaves_no_thread_for_the_forks_that_follow(module: str) -> N
     assert warmed_up(WARM, module) == "[]"
 
 
+NATIVE_THREADS = """
+import os
+from core.train import {0}
+before = len(os.listdir("/proc/self/task"))
+{0}.warm_up()
+print(before, len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.parametrize("module", ["export", "verify_export"])
+def test_warming_up_runs_no_kernel_that_starts_threads(module: str) -> None:
+    """Nor a native thread: a kernel run on a real batch starts OpenMP's pool in the worker
+    (or the checker), which the forked horse inherits as threads that are not there, and
+    its first parallel op then waits for them for good."""
+    before, after = warmed_up(NATIVE_THREADS, module).split()
+    assert after == before
+
+
 NO_THREAD_COUNT = """
 import torch
 set_to = []
