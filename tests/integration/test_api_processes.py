@@ -119,6 +119,7 @@ def _two(pinned: dict[int, list[Pinned]]) -> tuple[list[Pinned], list[Pinned]]:
     return one, other
 
 
+@pytest.mark.slow
 def test_one_idempotency_key_from_both_processes_at_once_makes_one_job(
     svc: Service, pinned: dict[int, list[Pinned]], db: Database
 ) -> None:

@@ -168,6 +168,7 @@ def sweep_in_flight(service: Service) -> Iterator[subprocess.Popen[str]]:
                         service.client().cancel_sweep(s["id"])
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_watching_and_leaves_the_sweep_running(service: Service) -> None:
     with sweep_in_flight(service) as proc:
         assert proc.stderr is not None

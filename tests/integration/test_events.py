@@ -289,6 +289,7 @@ def lost_in_the_database(svc: Service, c: Client) -> str:
     return job
 
 
+@pytest.mark.slow
 def test_a_stream_still_written_after_its_job_ended_closes_with_the_databases_status(
     svc: Service, pool: ThreadPoolExecutor
 ) -> None:

@@ -51,6 +51,7 @@ def running(db: Database) -> Iterator[tuple[str, Heartbeat]]:
     heart.stop()
 
 
+@pytest.mark.slow
 def test_it_beats_while_touched_and_goes_silent_after_the_stall_bound(
     db: Database, running: tuple[str, Heartbeat]
 ) -> None:

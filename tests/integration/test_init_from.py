@@ -86,6 +86,7 @@ def test_a_cnn_of_other_widths_is_refused_saying_what_fits(service: Service, sou
     assert msg.endswith("set conv1_channels 32, hidden 128"), msg
 
 
+@pytest.mark.slow
 def test_images_of_other_channels_or_size_are_refused_other_classes_are_not(
     service: Service, source: str, digits: tuple[np.ndarray, np.ndarray], tmp_path: Path
 ) -> None:
@@ -185,6 +186,7 @@ def test_pretrained_is_not_for_the_cnn_nor_with_init_from(service: Service, sour
     assert "pick one" in both.text
 
 
+@pytest.mark.slow
 def test_a_pretrained_job_records_its_weights_and_preprocessing_and_a_start_keeps_them(
     service: Service,
 ) -> None:

@@ -64,6 +64,7 @@ def test_the_next_job_on_a_set_trains_on_the_kept_copy_alike(
     assert record["timings"]["data_s"] < 0.5
 
 
+@pytest.mark.slow
 def test_a_placed_file_changed_behind_the_workers_back_is_placed_and_read_again(
     service: Service, uploaded: dict[str, Any]
 ) -> None:

@@ -214,6 +214,7 @@ def test_concurrent_overrides_of_a_new_owner_all_take(svc: Service) -> None:
     assert any(owner in str(item) and "max_queued" in str(item) for item in [final])
 
 
+@pytest.mark.slow
 def test_concurrent_submissions_stop_exactly_at_the_limit(
     svc: Service, keys: tuple[str, str]
 ) -> None:

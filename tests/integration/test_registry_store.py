@@ -283,6 +283,7 @@ def gc(db: Database, *args: str) -> str:
     ).stdout  # fmt: skip
 
 
+@pytest.mark.slow
 def test_retention_and_gc_keep_a_registered_jobs_model(fresh_db: Database) -> None:
     kept = succeeded_job(fresh_db, days_ago=40)
     other = succeeded_job(fresh_db, days_ago=40)

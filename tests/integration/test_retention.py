@@ -468,6 +468,7 @@ def test_gauges_show_the_bytes_held(svc: Service, sdb: Database) -> None:
 # -- a 200 MB model, streamed -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_200_mb_model_downloads_with_flat_memory(svc: Service, sdb: Database) -> None:
     data = os.urandom(200 * 2**20)
     sha = hashlib.sha256(data).hexdigest()

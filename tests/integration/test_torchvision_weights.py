@@ -88,6 +88,7 @@ def test_a_missing_or_replaced_file_is_a_422_saying_how_to_install_it(
     assert r.status_code == 422 and "does not start with" in r.text, r.text
 
 
+@pytest.mark.slow
 def test_a_verified_file_is_accepted_and_the_worker_checks_its_own_again(
     svc: Service, made: tuple[str, bytes]
 ) -> None:

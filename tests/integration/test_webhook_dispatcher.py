@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import pytest
 from sqlalchemy import select, update
 
 from core.config import Settings
@@ -244,6 +245,7 @@ def test_410_gone_marks_the_endpoint_failing_at_once(db: Database) -> None:
         assert found is not None and "410" in (found.failing_reason or "")
 
 
+@pytest.mark.slow
 def test_an_answer_that_never_comes_is_a_failure_within_the_timeout(db: Database) -> None:
     def slow(n: int) -> tuple[int, dict[str, str], bytes]:
         if n == 0:

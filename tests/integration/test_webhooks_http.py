@@ -91,6 +91,7 @@ def test_a_job_that_succeeds_is_delivered_once_signed(svc: Service, rx: Receiver
     assert log_of(alice, other_type["id"]) == log_of(bob, bobs["id"]) == []
 
 
+@pytest.mark.slow
 def test_a_500_brings_the_same_webhook_id_again(svc: Service) -> None:
     rx = Receiver(ALLOWED, lambda n: (500 if n == 0 else 200, {}, b"not now")).start()
     try:

@@ -4,6 +4,7 @@ for every check, and a job's export that goes on when it is gone."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -77,6 +79,7 @@ def test_every_check_runs_in_a_process_of_its_own(
     assert not {os.getpid(), checker.proc.pid} & set(pids)
 
 
+@pytest.mark.slow
 def test_a_check_that_dies_is_unavailable_and_the_next_is_answered(
     checker: Checker, net: torch.nn.Module, data: Dataset
 ) -> None:
@@ -106,6 +109,7 @@ def test_a_check_past_its_time_is_unavailable(
         os.kill(checker.proc.pid, signal.SIGCONT)
 
 
+@pytest.mark.slow
 def test_an_export_goes_on_when_the_shared_checker_is_gone(
     shared_checker: Checker, net: torch.nn.Module, data: Dataset
 ) -> None:
@@ -158,6 +162,7 @@ def check_children(checker: Checker) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
+@pytest.mark.slow
 def test_a_check_ends_when_its_asker_is_gone(checker: Checker) -> None:
     buf = io.BytesIO()
     with warnings.catch_warnings():
@@ -173,66 +178,56 @@ def test_a_check_ends_when_its_asker_is_gone(checker: Checker) -> None:
 
 
 WARM = """
-import threading
+import json, os, threading, torch
+set_to = []
+torch.set_num_threads = set_to.append  # what warm_up may not call
 from core.train import {0}
+before = len(os.listdir("/proc/self/task"))
 {0}.warm_up()
-print(sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()))
+others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+print(json.dumps({{
+    "python_threads": sorted(others),
+    "native_threads": [before, len(os.listdir("/proc/self/task"))],
+    "thread_counts_set": set_to,
+}}))
 """
 
 
-def warmed_up(probe: str, module: str) -> str:
-    """What `probe` prints about a fresh process once `module` (export: the worker's;
-    verify_export: the checker's) has warmed up."""
+@pytest.fixture(scope="module", params=["export", "verify_export"])
+def warmed_up(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """What a fresh process holds once the module (export: the worker's; verify_export: the
+    checker's) has warmed up: each test below reads one part of it."""
     out = subprocess.run(
-        [sys.executable, "-c", probe.format(module)],
+        [sys.executable, "-c", WARM.format(request.param)],
         cwd=Path(__file__).parents[2],
         capture_output=True,
         text=True,
         check=True,
     )
-    return out.stdout.strip()
+    found: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return found
 
 
-@pytest.mark.parametrize("module", ["export", "verify_export"])
-def test_warming_up_leaves_no_thread_for_the_forks_that_follow(module: str) -> None:
+def test_warming_up_leaves_no_thread_for_the_forks_that_follow(warmed_up: dict[str, Any]) -> None:
     """The worker forks each horse, and the checker each check, after its warm_up: a thread
     left running there (tqdm's monitor, started by torch.fx's interpreter) may hold a lock
     at the fork that the forked process then waits on for good."""
-    assert warmed_up(WARM, module) == "[]"
+    assert warmed_up["python_threads"] == []
 
 
-NATIVE_THREADS = """
-import os
-from core.train import {0}
-before = len(os.listdir("/proc/self/task"))
-{0}.warm_up()
-print(before, len(os.listdir("/proc/self/task")))
-"""
-
-
-@pytest.mark.parametrize("module", ["export", "verify_export"])
-def test_warming_up_runs_no_kernel_that_starts_threads(module: str) -> None:
+def test_warming_up_runs_no_kernel_that_starts_threads(warmed_up: dict[str, Any]) -> None:
     """Nor a native thread: a kernel run on a real batch starts OpenMP's pool in the worker
     (or the checker), which the forked horse inherits as threads that are not there, and
     its first parallel op then waits for them for good."""
-    before, after = warmed_up(NATIVE_THREADS, module).split()
+    before, after = warmed_up["native_threads"]
     assert after == before
 
 
-NO_THREAD_COUNT = """
-import torch
-set_to = []
-torch.set_num_threads = set_to.append  # what warm_up may not call
-from core.train import {0}
-{0}.warm_up()
-print(set_to)
-"""
-
-
-@pytest.mark.parametrize("module", ["export", "verify_export"])
-def test_warming_up_sets_no_thread_count_for_the_forks_that_follow(module: str) -> None:
+def test_warming_up_sets_no_thread_count_for_the_forks_that_follow(
+    warmed_up: dict[str, Any],
+) -> None:
     """Setting torch's thread count makes its thread pool (caffe2's pthreadpool) in the
     process that warms up; a horse forked from it then remakes that pool as its autograd
     threads start, and two of them at once found no pool and aborted the horse ("Invalid
     thread pool!", SIGABRT): a job lost and retried for nothing."""
-    assert warmed_up(NO_THREAD_COUNT, module) == "[]"
+    assert warmed_up["thread_counts_set"] == []

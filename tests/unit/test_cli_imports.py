@@ -84,6 +84,7 @@ def test_client_commands_load_no_heavy_module(argv: list[str]) -> None:
     assert loaded(*argv) & set(HEAVY) == set()
 
 
+@pytest.mark.slow
 def test_data_install_loads_no_heavy_module(tmp_path: Path) -> None:
     """It fetches and verifies with the standard library alone (where npm is missing, it
     stops at its message: the imports are the same)."""

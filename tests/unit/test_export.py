@@ -31,6 +31,7 @@ def torchscript_of(result: TrainResult) -> bytes:
     return result.models[ExportFormat.torchscript].data
 
 
+@pytest.mark.slow
 def test_torchscript_reloads_in_a_fresh_process_with_the_same_logits(
     two_epochs: tuple[TrainResult, Recorder], data_dir: Path, tmp_path: Path
 ) -> None:
@@ -84,6 +85,7 @@ def test_every_format_is_offered_and_predicts_as_torchscript_does(
         assert "pid" not in entry
 
 
+@pytest.mark.slow
 def test_a_corrupted_model_fails_its_check_in_the_fresh_process_and_is_not_offered(
     two_epochs: tuple[TrainResult, Recorder], data_dir: Path
 ) -> None:

@@ -203,6 +203,7 @@ print(before, len(os.listdir("/proc/self/task")), torch.get_num_threads())
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="counts threads in /proc")
+@pytest.mark.slow
 def test_reading_a_set_starts_no_thread(data_dir: Path) -> None:
     """The worker reads a set before it forks a horse: a thread pool made there would be lost
     in the fork (torch's intra-op pool, as the worker's warm-up once learned)."""

@@ -73,6 +73,7 @@ def test_on_one_channel_the_mean_of_the_three(data_dir: Path) -> None:
     assert norm.mean == (sum(MEAN) / 3,) and norm.std == (sum(STD) / 3,)
 
 
+@pytest.mark.slow
 def test_every_format_and_the_record_carry_the_weights_preprocessing(tmp_path: Path) -> None:
     """The exported model (what predict runs) gives the trained net's logits on
     (x·255 − 127) / 128; its metadata and the run record say so."""
@@ -104,6 +105,7 @@ def weights_of(blob: bytes) -> dict[str, torch.Tensor]:
     return net
 
 
+@pytest.mark.slow
 def test_a_job_started_from_a_pretrained_one_keeps_its_preprocessing(tmp_path: Path) -> None:
     """init_from on another set: the weights take what they were tuned on; a resume of that
     job (which starts from its checkpoint, not from the source) keeps it too."""

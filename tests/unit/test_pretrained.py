@@ -151,6 +151,7 @@ def test_a_frozen_backbone_moves_only_the_head() -> None:
         assert torch.equal(value, before[name]) != name.startswith("classifier."), name
 
 
+@pytest.mark.slow
 def test_exported_it_gives_the_same_logits() -> None:
     """torch.export (what the pt2 and ONNX formats start from), with a dynamic batch, and
     TorchScript's trace: the padding is no Python the export would freeze wrongly."""

@@ -148,6 +148,7 @@ time.sleep(60)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.slow
 def test_what_a_dead_launcher_left_hands_back_before_redis_stops(tmp_path: Path) -> None:
     log = tmp_path / "log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -207,6 +207,7 @@ def test_pretrained_jobs_are_normalised_as_their_weights_were_trained() -> None:
     assert lite.mean == pytest.approx(LITE0_MEAN[:1])
 
 
+@pytest.mark.slow
 def test_a_pretrained_job_trains_and_its_record_names_the_file(
     torch_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
