@@ -320,7 +320,6 @@ def test_an_npz_declaring_huge_arrays_is_refused_from_its_headers(service: Servi
         assert growth < 48, f"a {len(blob)}-byte upload raised the API's peak RSS by {growth} MiB"
 
 
-@pytest.mark.slow
 def test_uploads_past_the_limit_are_429(service: Service) -> None:
     """Four uploads at once against one slot: each takes a second or more to check (noise
     images, 31 MB, that do not compress), so at least one finds the slot taken."""

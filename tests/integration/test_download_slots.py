@@ -35,7 +35,6 @@ def impatient(tmp_path: Path) -> Iterator[Service]:
         yield svc
 
 
-@pytest.mark.slow
 def test_a_key_holds_no_more_downloads_open_than_its_limit(service: Service) -> None:
     alice, bob = service.keys
     mine = succeeded_job(service.database_url, alice, 32 << 20)  # past the sockets' buffers

@@ -180,7 +180,12 @@ def test_a_check_ends_when_its_asker_is_gone(checker: Checker) -> None:
 WARM = """
 import json, os, threading, torch
 set_to = []
-torch.set_num_threads = set_to.append  # what warm_up may not call
+set_num_threads = torch.set_num_threads
+def recorded(n):  # what warm_up may not call: recorded, and done (its pool counted below)
+    set_to.append(n)
+    set_num_threads(n)
+torch.set_num_threads = recorded
+assert torch.get_num_threads() == 2, "the probe runs where torch would use two threads"
 from core.train import {0}
 before = len(os.listdir("/proc/self/task"))
 {0}.warm_up()
@@ -200,6 +205,7 @@ def warmed_up(request: pytest.FixtureRequest) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-c", WARM.format(request.param)],
         cwd=Path(__file__).parents[2],
+        env={**os.environ, "OMP_NUM_THREADS": "2"},  # one thread would start no pool to see
         capture_output=True,
         text=True,
         check=True,

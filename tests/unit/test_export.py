@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -8,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.errors import ExportMismatch
+from core.errors import ExportCheckUnavailable, ExportMismatch
 from core.spec import ExportFormat
 from core.train import TrainResult
-from core.train.checker import VERIFIER, Checker, answers
+from core.train.checker import VERIFIER, Checker, Pending, _report, answers
 from core.train.data import load_dataset
 from core.train.export import _offered, _required, tolerance
 from core.train.verify_export import load_model, load_torchscript
@@ -109,6 +110,38 @@ def test_a_corrupted_model_fails_its_check_in_the_fresh_process_and_is_not_offer
         assert report[fmt]["ok"] is False and "sha256" not in report[fmt]
         assert str(report[fmt]["error"]).startswith(("check failed", "logits differ"))
     _required(list(ExportFormat), offered, report)  # TorchScript passed: the job succeeds
+
+
+def test_a_format_whose_check_failed_or_differs_is_not_offered() -> None:
+    """What the fresh process answered decides: an error, logits past the tolerance, or no
+    answer of that format's at all leaves the format out, with the reason in the report."""
+    blobs = {fmt: fmt.value.encode() for fmt in ExportFormat}
+    checked: dict[str, dict[str, object]] = {
+        ExportFormat.torchscript: {"max_abs_diff": 1e-6},
+        ExportFormat.pt2: {"max_abs_diff": 0.5},
+    }
+    report: dict[str, dict[str, object]] = {fmt: {} for fmt in blobs}
+    offered = _offered(blobs, checked, 1e-4, report)  # type: ignore[arg-type]
+    assert list(offered) == [ExportFormat.torchscript]
+    assert report[ExportFormat.torchscript]["ok"] is True
+    assert str(report[ExportFormat.pt2]["error"]).startswith("logits differ")
+    assert report[ExportFormat.onnx]["error"] == "check failed: the check did not report it"
+    for fmt in (ExportFormat.pt2, ExportFormat.onnx):
+        assert report[fmt]["ok"] is False and "sha256" not in report[fmt]
+    checked[ExportFormat.pt2] = {"error": "RuntimeError: bad file"}
+    _offered(blobs, checked, 1e-4, report)  # type: ignore[arg-type]
+    assert report[ExportFormat.pt2]["error"] == "check failed: RuntimeError: bad file"
+
+
+@pytest.mark.parametrize("answer", [b"", b"not json", b'{"pt2": {}}'])
+def test_a_check_that_answers_nothing_usable_is_unavailable_not_passed(answer: bytes) -> None:
+    """A check that died, or answered something else, is not the model's fault nor a pass:
+    ExportCheckUnavailable (the job is retried)."""
+    a, b = socket.socketpair()
+    with a, b:
+        pending = Pending("onnx", a, answer=bytearray(answer))
+        with pytest.raises(ExportCheckUnavailable):
+            _report(pending)
 
 
 def test_torchscript_failing_or_every_format_failing_fails_the_export() -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 from core.train.checker import VERIFIER
 
 OPEN_ONNX_FILES = """
@@ -40,7 +38,6 @@ def test_trainq_processes_import_onnxruntime_with_its_telemetry_off() -> None:
     assert run(code, str(VERIFIER.parents[2])) == "[]"
 
 
-@pytest.mark.slow
 def test_the_checker_imports_onnxruntime_with_its_telemetry_off() -> None:
     code = "import runpy, sys; runpy.run_path(sys.argv[1])['warm_up'](); print(onnx_files())"
     assert run(code, str(VERIFIER)) == "[]"
