@@ -188,6 +188,9 @@ def main() -> None:
     }
     if args.ablate:
         variants = {
+            # The seed's own two-block net, no augmentation, no moving average: the same
+            # network as the article's, through trainq's pipeline.
+            "the_seeds_cnn": {"conv3_channels": 0, "augment": "none", "ema_decay": None},
             "at_the_articles_batch_size_128": {"batch_size": 128},
             "no_channels_last": {"channels_last": False},
             "dataloader_path": {"data_path": "dataloader", "num_workers": 1},
