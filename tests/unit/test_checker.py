@@ -187,12 +187,14 @@ def recorded(n):  # what warm_up may not call: recorded, and done (its pool coun
 torch.set_num_threads = recorded
 assert torch.get_num_threads() == 2, "the probe runs where torch would use two threads"
 from core.train import {0}
-before = len(os.listdir("/proc/self/task"))
+def tasks():  # this process's native threads, where Linux's /proc counts them
+    return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None
+before = tasks()
 {0}.warm_up()
 others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
 print(json.dumps({{
     "python_threads": sorted(others),
-    "native_threads": [before, len(os.listdir("/proc/self/task"))],
+    "native_threads": [before, tasks()],
     "thread_counts_set": set_to,
 }}))
 """
@@ -226,6 +228,8 @@ def test_warming_up_runs_no_kernel_that_starts_threads(warmed_up: dict[str, Any]
     (or the checker), which the forked horse inherits as threads that are not there, and
     its first parallel op then waits for them for good."""
     before, after = warmed_up["native_threads"]
+    if before is None:
+        pytest.skip("counts threads in /proc")
     assert after == before
 
 
