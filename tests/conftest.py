@@ -3,9 +3,15 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+
+try:
+    from xdist.scheduler import LoadFileScheduling
+except ImportError:  # pytest-xdist only runs the quick loop's two processes
+    LoadFileScheduling = None
 
 from core.data_sources import SOURCES, file_problems
 from core.spec import JobSpec
@@ -75,6 +81,48 @@ def worker(svc: Service) -> subprocess.Popen[bytes]:
 def _services(item: pytest.Item) -> list[Service]:
     values = getattr(item, "funcargs", {}).values()
     return [v for v in values if isinstance(v, Service)]
+
+
+# The test files that use a model the session trains (two_epochs above, mnist_model in
+# tests/integration/predict/conftest.py), by that model: with two pytest processes
+# (scripts/test --fast) each model's files run in one of them, so it is trained once.
+TRAINED_ONCE = {
+    "tests/unit/test_class_metrics.py": "two_epochs",
+    "tests/unit/test_export.py": "two_epochs",
+    "tests/unit/test_model_card.py": "two_epochs",
+    "tests/unit/test_trainer.py": "two_epochs",
+    "tests/integration/predict/": "mnist_model",
+}
+
+
+def shared_scope(path: str) -> str | None:
+    """The trained model a test file (its path from the repository's root) shares."""
+    return next((m for p, m in TRAINED_ONCE.items() if path.startswith(p)), None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that uses a trained model from a file TRAINED_ONCE does not list would train
+    it a second time beside the other process: refused, naming the file."""
+    for item in items:
+        path = item.path.relative_to(config.rootpath).as_posix()
+        for model in ("two_epochs", "mnist_model"):
+            if model in getattr(item, "fixturenames", ()) and shared_scope(path) != model:
+                raise pytest.UsageError(f"{path} uses {model}: add it to TRAINED_ONCE")
+
+
+if LoadFileScheduling is not None:
+
+    class TrainedOnceScheduling(LoadFileScheduling):
+        """pytest-xdist's loadfile (a file's tests in one process), with the files of each
+        TRAINED_ONCE model in one process too."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return shared_scope(nodeid) or super()._split_scope(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        if config.getvalue("dist") == "loadfile":
+            return TrainedOnceScheduling(config, log)
+        return None
 
 
 @pytest.fixture(scope="session", autouse=True)
