@@ -4,7 +4,6 @@ exit. See docs/operations.md."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -21,6 +20,7 @@ log = logging.getLogger("trainq.worker")
 
 RETRY_FIRST_S = 1.0  # Redis away: the first wait before trying again, doubled each time
 RETRY_MAX_S = 15.0
+UNRECORDED_MAX = 8  # ended runs kept to record; older ones' keys simply expire
 
 
 def wait_for_redis(r: Redis) -> None:
@@ -51,8 +51,10 @@ def serve(make_worker: Callable[[], Worker], r: Redis, *, burst: bool) -> None:
     exited would make the launcher restart it over and over. Each run is a fresh RQ worker
     under a fresh name: the last one's key may outlive it (its death went unrecorded)."""
     delay = RETRY_FIRST_S
+    unrecorded: list[Worker] = []  # runs whose end Redis failed to take, oldest first
     while True:
         wait_for_redis(r)
+        unrecorded = [w for w in unrecorded if not record_end(w)][-UNRECORDED_MAX:]
         try:
             worker = make_worker()  # RQ names its connection here: Redis may be gone again
         except RedisError as e:
@@ -73,13 +75,26 @@ def serve(make_worker: Callable[[], Worker], r: Redis, *, burst: bool) -> None:
             signal.signal(signal.SIGINT, _exit_cleanly)
         if asked_to_stop(worker) or (burst and not failed):
             return
-        with contextlib.suppress(RedisError):
-            worker.register_death()  # best effort: health counts this run's key otherwise
+        if not record_end(worker):
+            unrecorded.append(worker)  # again once Redis answers, before the next run
         if time.monotonic() - began > 4 * RETRY_MAX_S:
             delay = RETRY_FIRST_S  # it ran a good while: this is a new outage
         log.warning("the worker loop ended on an error; starting it again in %.0f s", delay)
         time.sleep(delay)
         delay = min(delay * 2, RETRY_MAX_S)
+
+
+def record_end(worker: Worker) -> bool:
+    """A run's end, which RQ's teardown records unless Redis failed that too: its command
+    channel closed and its registration gone, so that /health and /metrics count this
+    process once (a Redis that kept its data keeps the old registration, alive for minutes
+    by its TTL, beside the next run's). False while Redis fails it."""
+    worker.unsubscribe()  # at most once; bounded, whatever Redis answers
+    try:
+        worker.register_death()
+    except RedisError:
+        return False
+    return True
 
 
 def exit_at_once() -> None:

@@ -5,7 +5,6 @@ outlives its parent (two jobs would share one GPU)."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -212,18 +211,11 @@ def counted(svc: Service) -> list[str] | None:
     return names if health["workers_alive"] == len(names) else None
 
 
-def this_worker(names: list[str], name: str, busy: bool) -> str | None:
-    """The one worker registered, when it is the worker named `name`, or (idle) the fresh
-    RQ worker its process started after Redis failed RQ's loop outside the wait for a job
-    (its registry clean-up as it starts, say): worker.work_loop.serve names it after the
-    process with the run's number appended. A busy worker's loop never ends: its horse
-    trains on, so the name must stay."""
-    if len(names) != 1:
-        return None
-    (found,) = names
-    if found == name or (not busy and re.fullmatch(re.escape(name) + r"-[1-9][0-9]*", found)):
-        return found
-    return None
+def state_of(svc: Service, name: str) -> str | None:
+    """The state RQ registered for the worker `name` (started, idle, busy)."""
+    with svc.redis.client() as r:
+        state = r.hget(f"rq:worker:{name}", "state")
+    return None if state is None else state.decode()
 
 
 @pytest.mark.slow
@@ -239,12 +231,41 @@ def test_a_worker_registers_again_after_redis_restarts_empty(
     if busy:
         job = c.submit(SPEC | {"epochs": 60})  # trains on past every check below
         wait_step(c, job["id"], 2)
+    else:  # waiting for a job: past RQ's clean-up as it starts (test_..._counted_once)
+        wait_until(lambda: state_of(svc, name) == "idle", 30, "the worker to wait for a job")
     restart_empty(svc)
-    again = wait_until(
-        lambda: this_worker(registered(svc), name, busy), 15, "the worker to register again", 0.2
-    )
-    wait_until(lambda: counted(svc) == [again], 5, "/health to count the worker", 0.2)
+    wait_until(lambda: registered(svc) == [name], 15, "the worker to register again", 0.2)
+    wait_until(lambda: counted(svc) == [name], 5, "/health to count the worker", 0.2)
     (parent,) = workers_of(worker.pid)
     if busy:
         assert c.job(job["id"])["status"] == "running"
         assert horses(parent), "the job's work horse is gone"
+
+
+@pytest.mark.slow
+def test_a_worker_whose_loop_redis_failed_is_counted_once_when_redis_keeps_its_data(
+    svc: Service, worker: subprocess.Popen[bytes]
+) -> None:
+    """Redis away as a job ends: the work horse finishes it, but RQ's bookkeeping after it
+    fails and ends RQ's loop, and so does recording that loop's end. The process starts
+    a fresh RQ worker under the next name once Redis answers; a Redis that kept its data
+    still holds the old registration, which the process removes first (no ghost counted
+    for minutes beside it)."""
+    (name,) = registered(svc)
+    (parent,) = workers_of(worker.pid)
+    c = svc.client()
+    job = c.submit(SPEC)
+    wait_step(c, job["id"], STEPS - 12)
+    svc.redis.kill()  # its data kept (appendfsync always)
+    wait_until(lambda: status_of(c, job["id"]) == "succeeded", 90, "the job to end", 0.2)
+    svc.redis.start()
+    (again,) = wait_until(
+        lambda: [n for n in registered(svc) if n != name] or None, 30, "the next RQ worker", 0.2
+    )
+    assert again.startswith(f"{name}-"), again
+    wait_until(lambda: registered(svc) == [again], 10, "one registration of the process", 0.2)
+    wait_until(lambda: counted(svc) == [again], 5, "/health to count the worker once", 0.2)
+    assert c.job(job["id"])["attempt"] == 1
+    assert workers_of(worker.pid) == [parent]  # the same process: no restart of it
+    with svc.redis.client() as r:
+        assert f"rq:pubsub:{name}".encode() not in r.pubsub_channels()  # its channel closed
