@@ -84,30 +84,40 @@ def _services(item: pytest.Item) -> list[Service]:
 
 
 # The test files that use a model the session trains (two_epochs above, mnist_model in
-# tests/integration/predict/conftest.py), by that model: with two pytest processes
-# (scripts/test --fast) each model's files run in one of them, so it is trained once.
+# tests/integration/predict/conftest.py), by model, from the repository's root (a folder
+# ends with /): with two pytest processes (scripts/test --fast) each model's files run in
+# one of them, so it is trained once.
 TRAINED_ONCE = {
-    "tests/unit/test_class_metrics.py": "two_epochs",
-    "tests/unit/test_export.py": "two_epochs",
-    "tests/unit/test_model_card.py": "two_epochs",
-    "tests/unit/test_trainer.py": "two_epochs",
-    "tests/integration/predict/": "mnist_model",
+    "two_epochs": (
+        "tests/unit/test_class_metrics.py",
+        "tests/unit/test_export.py",
+        "tests/unit/test_model_card.py",
+        "tests/unit/test_trainer.py",
+    ),
+    "mnist_model": ("tests/integration/predict/",),
 }
+REPO = Path(__file__).resolve().parents[1]
 
 
 def shared_scope(path: str) -> str | None:
-    """The trained model a test file (its path from the repository's root) shares."""
-    return next((m for p, m in TRAINED_ONCE.items() if path.startswith(p)), None)
+    """The trained model a test file (its path from the repository's root) shares; a file
+    named outright before a folder holding it."""
+    for exact in (True, False):
+        for model, paths in TRAINED_ONCE.items():
+            if any(path == p if exact else p.endswith("/") and path.startswith(p) for p in paths):
+                return model
+    return None
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.fixture(autouse=True)
+def _trained_once(request: pytest.FixtureRequest) -> None:
     """A test that uses a trained model from a file TRAINED_ONCE does not list would train
-    it a second time beside the other process: refused, naming the file."""
-    for item in items:
-        path = item.path.relative_to(config.rootpath).as_posix()
-        for model in ("two_epochs", "mnist_model"):
-            if model in getattr(item, "fixturenames", ()) and shared_scope(path) != model:
-                raise pytest.UsageError(f"{path} uses {model}: add it to TRAINED_ONCE")
+    it a second time beside the other process: it fails, naming the file."""
+    path = Path(request.node.path).resolve()
+    where = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
+    for model in TRAINED_ONCE:
+        if model in request.fixturenames and shared_scope(where) != model:
+            pytest.fail(f"{where} uses {model}: add it to TRAINED_ONCE in tests/conftest.py")
 
 
 if LoadFileScheduling is not None:
@@ -117,8 +127,9 @@ if LoadFileScheduling is not None:
         TRAINED_ONCE model in one process too."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return shared_scope(nodeid) or super()._split_scope(nodeid)
+            return shared_scope(nodeid.split("::", 1)[0]) or super()._split_scope(nodeid)
 
+    @pytest.hookimpl(optionalhook=True)  # a run with -p no:xdist knows no such hook
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         if config.getvalue("dist") == "loadfile":
             return TrainedOnceScheduling(config, log)

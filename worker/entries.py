@@ -165,15 +165,30 @@ def drop_junk_ids(r: Redis, queue: Queue) -> None:
         queue.canceled_job_registry,
     )
     for registry in registries:
+        if not _of_type(r, registry.key, b"zset"):
+            continue
         for member, _ in r.zscan_iter(registry.key):
             if id_problem(member.split(b":", 1)[0]) is not None:
                 log.error("dropped %.100r from %s: RQ names no job by it", member, registry.key)
                 r.zrem(registry.key, member)
+    if not _of_type(r, queue.intermediate_queue_key, b"list"):
+        return
     listed: list[bytes] = r.lrange(queue.intermediate_queue_key, 0, -1)  # type: ignore[assignment]
     for raw in listed:
         if id_problem(raw) is not None:
             log.error("dropped %.100r from %s: RQ names no job by it", raw, queue.key)
             r.lrem(queue.intermediate_queue_key, 0, raw)  # type: ignore[arg-type]
+
+
+def _of_type(r: Redis, key: str, kind: bytes) -> bool:
+    """True when `key` holds a `kind` or nothing; a key of another type (RQ would fail on
+    it with WRONGTYPE at every clean-up) is deleted, and False."""
+    found = r.type(key)
+    if found in (kind, b"none", kind.decode(), "none"):
+        return found in (kind, kind.decode())
+    log.error("deleted %s: a %r where RQ keeps a %s", key, found, kind.decode())
+    r.delete(key)
+    return False
 
 
 def queue_entry(job: Job) -> QueueEntry:

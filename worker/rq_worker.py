@@ -21,7 +21,9 @@ from typing import Any
 import onnxscript  # noqa: F401  (the ONNX exporter's: a second of each job's export)
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
 import torchvision  # noqa: F401
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, worker_registration
 from rq.command import handle_stop_job_command
 from rq.executions import Execution
@@ -182,17 +184,18 @@ class TrainqWorker(CommandChannel):
         id in its registries and intermediate list, which a queue writer controls: ids it
         cannot read are dropped first, and any other failure of it is logged, not fatal (the
         launcher would restart the worker into the same junk)."""
-        for queue in self.queues:
-            drop_junk_ids(self.connection, queue)
         try:
+            for queue in self.queues:
+                drop_junk_ids(self.connection, queue)
             super().run_maintenance_tasks()
-        except RedisError:
+        except (RedisConnectionError, RedisTimeoutError):
             raise  # the worker loop's own handling: Redis is away
-        except Exception:
+        except Exception:  # a refused command too (a full Redis, a key of the wrong type)
             log.exception("RQ's registry maintenance failed; the worker carries on")
             self.last_cleaned_at = now()  # type: ignore[assignment]  # the next try in RQ's interval, not at once
             for queue in self.queues:
-                queue.release_maintenance_lock()
+                with contextlib.suppress(RedisError):
+                    queue.release_maintenance_lock()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         reason = contract_violation(queue_entry(job))

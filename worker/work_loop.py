@@ -69,6 +69,11 @@ def serve(make_worker: Callable[[], Worker], r: Redis, *, burst: bool) -> None:
         except RedisError as e:
             failed = True
             log.warning("the worker loop ended: Redis failed it (%s)", e)
+        except ValueError as e:
+            # RQ's register_birth: a registration without a death holds this name (anyone
+            # who can write to Redis can make one). Removed below; the next run is named anew.
+            failed = True
+            log.warning("RQ refused to start the worker (%s); starting the next one", e)
         finally:
             # RQ's handlers outlive work(); between runs a signal simply ends the process.
             signal.signal(signal.SIGTERM, _exit_cleanly)

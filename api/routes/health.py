@@ -111,19 +111,23 @@ def _versions_seen(seen: Health) -> tuple[list[VersionsOut], bool]:
 
 def registered_workers(q: Queue) -> list[BaseWorker]:
     """The queue's registered RQ workers, as RQ reads them. Whoever can write to Redis can
-    register a worker RQ cannot read (a junk date, say): it is skipped, and costs neither
-    /health nor /metrics their answer."""
+    register a worker RQ cannot read (a junk date, a name that is not UTF-8, a key that is
+    no hash): it is skipped, and costs neither /health nor /metrics their answer."""
     workers = []
-    for key in sorted(worker_registration.get_keys(queue=q)):
+    listed = worker_registration.WORKERS_BY_QUEUE_KEY % q.name
+    members: set[bytes | str] = q.connection.smembers(listed)
+    for member in sorted(members, key=str):
         try:
+            # RQ's own reading of the set decodes all its members at once: one fails it all
+            key = member.decode() if isinstance(member, bytes) else member
             w = Worker.find_by_key(key, connection=q.connection, serializer=JSONSerializer)
             if w is not None:
                 w.get_current_job_id()  # read now: it may be junk too
                 workers.append(w)
-        except RedisError:
-            raise
-        except Exception as e:
-            log.warning("skipped the worker registration %.100r: %s", key, e)
+        except (RedisConnectionError, RedisTimeoutError):
+            raise  # Redis away: /health says so
+        except Exception as e:  # a key of another type (WRONGTYPE) included
+            log.warning("skipped the worker registration %.100r: %s", member, e)
     return workers
 
 

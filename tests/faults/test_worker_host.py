@@ -243,26 +243,33 @@ def test_a_worker_registers_again_after_redis_restarts_empty(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("forged", [False, True], ids=["plain", "its next name forged"])
 def test_a_worker_whose_loop_redis_failed_is_counted_once_when_redis_keeps_its_data(
-    svc: Service, worker: subprocess.Popen[bytes]
+    svc: Service, worker: subprocess.Popen[bytes], forged: bool
 ) -> None:
     """Redis away as a job ends: the work horse finishes it, but RQ's bookkeeping after it
     fails and ends RQ's loop, and so does recording that loop's end. The process starts
     a fresh RQ worker under the next name once Redis answers; a Redis that kept its data
     still holds the old registration, which the process removes first (no ghost counted
-    for minutes beside it)."""
+    for minutes beside it). A live registration forged under that next name (RQ refuses
+    to start a worker by a name that has one) costs a name, not the process."""
     (name,) = registered(svc)
     (parent,) = workers_of(worker.pid)
+    if forged:
+        with svc.redis.client() as r:
+            r.hset(f"rq:worker:{name}-1", mapping={"birth": "2026-01-01T00:00:00Z"})
     c = svc.client()
     job = c.submit(SPEC)
     wait_step(c, job["id"], STEPS - 12)
     svc.redis.kill()  # its data kept (appendfsync always)
     wait_until(lambda: status_of(c, job["id"]) == "succeeded", 90, "the job to end", 0.2)
+    ended = "the worker loop ended on an error"
+    wait_until(lambda: ended in worker_log(svc), 60, "RQ's loop to end", 0.2)
     svc.redis.start()
     (again,) = wait_until(
         lambda: [n for n in registered(svc) if n != name] or None, 30, "the next RQ worker", 0.2
     )
-    assert again.startswith(f"{name}-"), again
+    assert again == f"{name}-{2 if forged else 1}", again
     wait_until(lambda: registered(svc) == [again], 10, "one registration of the process", 0.2)
     wait_until(lambda: counted(svc) == [again], 5, "/health to count the worker once", 0.2)
     assert c.job(job["id"])["attempt"] == 1

@@ -11,6 +11,7 @@ import time
 import uuid
 import zlib
 
+import httpx
 import pytest
 from redis import Redis
 from rq.job import Job, JobStatus
@@ -127,12 +128,14 @@ def test_a_zlib_bomb_is_refused_before_it_inflates(svc: Service, r: Redis) -> No
 
 
 def test_junk_in_rqs_own_lists_never_stops_a_worker(svc: Service, r: Redis) -> None:
-    """Ids that RQ cannot decode, written into its started registry and intermediate list:
-    RQ's registry maintenance, which a worker runs as it starts, must not quit on them (the
-    launcher would restart it into the same junk, for ever)."""
+    """Ids that RQ cannot decode, written into its started registry and intermediate list,
+    and a registry key of another type: RQ's registry maintenance, which a worker runs as it
+    starts, must not quit on them (the worker would start again into the same junk, for
+    ever, taking no job)."""
     queue = rq_queue(svc, r)
     r.zadd(queue.started_job_registry.key, {b"\xff\xfe:1": 1})  # expired long ago
     r.rpush(queue.intermediate_queue_key, b"\xff\xfe-junk")
+    r.set(queue.canceled_job_registry.key, "junk")  # WRONGTYPE for RQ's every command on it
     r.delete(queue.registry_cleaning_key)  # the next worker to start runs the maintenance
     old = rq_worker_pid(svc)
     os.kill(old, signal.SIGKILL)
@@ -141,7 +144,10 @@ def test_junk_in_rqs_own_lists_never_stops_a_worker(svc: Service, r: Redis) -> N
     wait_until(lambda: not r.exists(queue.registry_cleaning_key), 30, "the maintenance to run")
     run_one(svc)
     assert rq_worker_pid(svc) == fresh
-    assert "RQ names no job by it" in svc.logs(tail=None)
+    logs = svc.logs(tail=None)
+    assert "RQ names no job by it" in logs
+    assert f"deleted {queue.canceled_job_registry.key}" in logs
+    assert "the worker loop ended" not in logs  # the same RQ worker took the job
 
 
 # RQ's command channel (rq:pubsub:<worker>) takes a message from anyone who can write to
@@ -179,15 +185,23 @@ def test_the_command_channel_hears_only_trainqs_stop(
 HEALTH_FRESH_S = 1.0  # how long an API process keeps its last probe (HealthCache)
 
 
+@pytest.mark.parametrize("junk", ["date", "name", "type"])
 def test_a_worker_registration_rq_cannot_read_costs_no_health_or_metrics(
-    svc: Service, r: Redis
+    svc: Service, r: Redis, junk: str
 ) -> None:
-    """Anyone who can write to Redis can register a fake worker with a junk date: /health
-    still answers 200 with the real worker, and /metrics counts only it."""
-    real, fake = worker_name(svc, r), f"rq:worker:fake-{uuid.uuid4().hex[:8]}"
+    """Anyone who can write to Redis can register a fake worker with a junk date, a name
+    that is not UTF-8, or a key that is no hash: /health still answers 200 with the real
+    worker and Redis up, and /metrics counts only it."""
+    real = worker_name(svc, r)
+    fake: str | bytes = f"rq:worker:fake-{uuid.uuid4().hex[:8]}"
+    if junk == "name":
+        fake = f"{fake}-".encode() + b"\xff\xfe"
     r.sadd(f"rq:workers:{svc.queue}", fake)
     r.sadd("rq:workers", fake)
-    r.hset(fake, mapping={"birth": "junk", "last_heartbeat": "junk", "queues": svc.queue})
+    if junk == "type":
+        r.set(fake, "junk")
+    else:
+        r.hset(fake, mapping={"birth": "junk", "last_heartbeat": "junk", "queues": svc.queue})
     try:
         admin = svc.client(svc.admin_key).http
         time.sleep(HEALTH_FRESH_S + 0.5)  # past any probe made before the registration
@@ -196,7 +210,9 @@ def test_a_worker_registration_rq_cannot_read_costs_no_health_or_metrics(
         assert health.json()["redis"] is True
         # Real workers only (one killed by an earlier test may still be registered).
         names = [w["name"] for w in health.json()["workers"]]
-        assert real in names and fake.removeprefix("rq:worker:") not in names
+        shown = fake if isinstance(fake, str) else fake.decode(errors="replace")
+        assert real in names and shown.removeprefix("rq:worker:") not in names
+        assert httpx.get(f"{svc.url}/health").status_code == 200  # without a key, too
         metrics = admin.get("/metrics")
         assert metrics.status_code == 200, metrics.text
         assert f"trainq_workers_alive {float(len(names))}" in metrics.text.splitlines()
