@@ -5,6 +5,7 @@ See docs/jobs.md ("Redis away")."""
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
@@ -32,14 +33,21 @@ def keepalive_options() -> dict[int, int]:
     return {getattr(socket, n): v for n, v in wanted.items() if hasattr(socket, n)}
 
 
+def keepalive(url: str) -> dict[str, Any]:
+    """The client's keepalive arguments for `url`: none for a unix socket (the embedded
+    server's; redis-py refuses them there, and no host can vanish behind one)."""
+    if url.startswith("unix:"):
+        return {}
+    return {"socket_keepalive": True, "socket_keepalive_options": keepalive_options()}
+
+
 def connect(url: str) -> Redis:
     return Redis.from_url(
         url,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=READ_TIMEOUT_S,
-        socket_keepalive=True,
-        socket_keepalive_options=keepalive_options(),
         health_check_interval=HEALTH_CHECK_INTERVAL_S,
+        **keepalive(url),
     )
 
 
@@ -50,9 +58,8 @@ def connect_async(url: str, *, longest_block_s: float) -> AsyncRedis:
         url,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=longest_block_s + READ_TIMEOUT_S,
-        socket_keepalive=True,
-        socket_keepalive_options=keepalive_options(),
         health_check_interval=HEALTH_CHECK_INTERVAL_S,
+        **keepalive(url),
     )
 
 

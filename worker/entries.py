@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis import Redis
-from rq import Queue
+from rq import Queue, worker_registration
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, parse_job_id, validate_job_id
@@ -178,6 +178,20 @@ def drop_junk_ids(r: Redis, queue: Queue) -> None:
         if id_problem(raw) is not None:
             log.error("dropped %.100r from %s: RQ names no job by it", raw, queue.key)
             r.lrem(queue.intermediate_queue_key, 0, raw)  # type: ignore[arg-type]
+
+
+def drop_wrong_types(r: Redis, queue: str) -> None:
+    """The keys RQ writes as a worker starts and waits (its sets of workers and queues, the
+    queue's list) deleted where they hold another type: RQ's every command on them would
+    fail with WRONGTYPE, and the worker would start again and again, taking no job. None of
+    them can hold a job's entry while of the wrong type."""
+    for key, kind in (
+        (worker_registration.REDIS_WORKER_KEYS, b"set"),
+        (worker_registration.WORKERS_BY_QUEUE_KEY % queue, b"set"),
+        (Queue.redis_queues_keys, b"set"),
+        (Queue.redis_queue_namespace_prefix + queue, b"list"),
+    ):
+        _of_type(r, key, kind)
 
 
 def _of_type(r: Redis, key: str, kind: bytes) -> bool:

@@ -22,7 +22,7 @@ import onnxscript  # noqa: F401  (the ONNX exporter's: a second of each job's ex
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
 import torchvision  # noqa: F401
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, worker_registration
 from rq.command import handle_stop_job_command
@@ -51,6 +51,7 @@ from worker.entries import (
     TrainqQueue,
     drop_entry,
     drop_junk_ids,
+    drop_wrong_types,
     id_problem,
     queue_entry,
 )
@@ -131,6 +132,9 @@ class TrainqWorker(CommandChannel):
                 # refuses the lock's SET and the heartbeat) and the database away too only
                 # delay the choice, never end the worker
                 log.warning("fair share cannot choose (%s); trying again in %.0f s", e, delay)
+                if isinstance(e, ResponseError) and str(e).startswith("WRONGTYPE"):
+                    with contextlib.suppress(RedisError):
+                        drop_wrong_types(self.connection, self.queues[0].name)
                 time.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
         self.heartbeat()
@@ -358,6 +362,7 @@ def main() -> None:
         # With the process id, a restarted worker never clashes with its ghost; with the
         # run's number, a run never clashes with the last one in this process.
         n = next(runs)
+        drop_wrong_types(r, args.queue)
         return TrainqWorker(
             [args.queue],
             name=f"{args.name}-{os.getpid()}" + (f"-{n}" if n else ""),

@@ -4,6 +4,7 @@ exit. See docs/operations.md."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -63,24 +64,12 @@ def serve(make_worker: Callable[[], Worker], r: Redis, *, burst: bool) -> None:
             delay = min(delay * 2, RETRY_MAX_S)
             continue
         began = time.monotonic()
-        failed = False
-        try:
-            worker.work(burst=burst, logging_level="INFO", with_scheduler=False)
-        except RedisError as e:
-            failed = True
-            log.warning("the worker loop ended: Redis failed it (%s)", e)
-        except ValueError as e:
-            # RQ's register_birth: a registration without a death holds this name (anyone
-            # who can write to Redis can make one). Removed below; the next run is named anew.
-            failed = True
-            log.warning("RQ refused to start the worker (%s); starting the next one", e)
-        finally:
-            # RQ's handlers outlive work(); between runs a signal simply ends the process.
-            signal.signal(signal.SIGTERM, _exit_cleanly)
-            signal.signal(signal.SIGINT, _exit_cleanly)
-        if asked_to_stop(worker) or (burst and not failed):
+        ended = run(worker, burst=burst)
+        if asked_to_stop(worker) or (burst and ended is None):
             return
-        if not record_end(worker):
+        if ended == "refused":
+            close_channel(worker)  # the name is another's: its registration is left alone
+        elif not record_end(worker):
             unrecorded.append(worker)  # again once Redis answers, before the next run
         if time.monotonic() - began > 4 * RETRY_MAX_S:
             delay = RETRY_FIRST_S  # it ran a good while: this is a new outage
@@ -89,12 +78,39 @@ def serve(make_worker: Callable[[], Worker], r: Redis, *, burst: bool) -> None:
         delay = min(delay * 2, RETRY_MAX_S)
 
 
+def run(worker: Worker, *, burst: bool) -> str | None:
+    """One run of RQ's loop: None when it returned, "failed" when Redis failed it, and
+    "refused" when RQ would not start it (register_birth: a registration without a death
+    holds its name, a worker's of the same host name and process id elsewhere, or one
+    forged by anyone who can write to Redis; the next run takes the next name)."""
+    try:
+        worker.work(burst=burst, logging_level="INFO", with_scheduler=False)
+    except RedisError as e:
+        log.warning("the worker loop ended: Redis failed it (%s)", e)
+        return "failed"
+    except ValueError as e:
+        log.warning("RQ refused to start the worker (%s); starting the next one", e)
+        return "refused"
+    finally:
+        # RQ's handlers outlive work(); between runs a signal simply ends the process.
+        signal.signal(signal.SIGTERM, _exit_cleanly)
+        signal.signal(signal.SIGINT, _exit_cleanly)
+    return None
+
+
+def close_channel(worker: Worker) -> None:
+    """The run's command channel closed, at most once and within a bounded time, whatever
+    Redis answers."""
+    with contextlib.suppress(RedisError, OSError):
+        worker.unsubscribe()
+
+
 def record_end(worker: Worker) -> bool:
     """A run's end, which RQ's teardown records unless Redis failed that too: its command
     channel closed and its registration gone, so that /health and /metrics count this
     process once (a Redis that kept its data keeps the old registration, alive for minutes
     by its TTL, beside the next run's). False while Redis fails it."""
-    worker.unsubscribe()  # at most once; bounded, whatever Redis answers
+    close_channel(worker)
     try:
         worker.register_death()
     except RedisError:

@@ -5,6 +5,7 @@ second per process. See docs/operations.md."""
 from __future__ import annotations
 
 import logging
+from itertools import islice
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
@@ -109,25 +110,33 @@ def _versions_seen(seen: Health) -> tuple[list[VersionsOut], bool]:
     return versions, skew
 
 
+REGISTRATIONS_READ_MAX = 1000  # per probe: only a Redis writer can grow the set past workers
+
+
 def registered_workers(q: Queue) -> list[BaseWorker]:
     """The queue's registered RQ workers, as RQ reads them. Whoever can write to Redis can
     register a worker RQ cannot read (a junk date, a name that is not UTF-8, a key that is
-    no hash): it is skipped, and costs neither /health nor /metrics their answer."""
+    no hash, one that does not exist): it is skipped and dropped from the set, and costs
+    neither /health nor /metrics their answer. A probe reads REGISTRATIONS_READ_MAX of the
+    set at most, so one grown by the million costs no probe more than that."""
     workers = []
     listed = worker_registration.WORKERS_BY_QUEUE_KEY % q.name
-    members: set[bytes | str] = q.connection.smembers(listed)
+    members = set(islice(q.connection.sscan_iter(listed, count=100), REGISTRATIONS_READ_MAX))
     for member in sorted(members, key=str):
         try:
             # RQ's own reading of the set decodes all its members at once: one fails it all
             key = member.decode() if isinstance(member, bytes) else member
             w = Worker.find_by_key(key, connection=q.connection, serializer=JSONSerializer)
-            if w is not None:
-                w.get_current_job_id()  # read now: it may be junk too
-                workers.append(w)
+            if w is None:  # gone: RQ drops it from its set of all workers, not the queue's
+                q.connection.srem(listed, member)
+                continue
+            w.get_current_job_id()  # read now: it may be junk too
+            workers.append(w)
         except (RedisConnectionError, RedisTimeoutError):
             raise  # Redis away: /health says so
         except Exception as e:  # a key of another type (WRONGTYPE) included
-            log.warning("skipped the worker registration %.100r: %s", member, e)
+            log.warning("dropped the worker registration %.100r: %s", member, e)
+            q.connection.srem(listed, member)  # a live worker's next beat writes it back
     return workers
 
 
@@ -144,7 +153,7 @@ def _probe(session: Session, r: Redis, settings: Settings) -> Health:
     try:
         r.set(PROBE_KEY, b"1", px=PROBE_TTL_MS)  # reads alone pass while writes are refused
         q = job_queue(r, settings.queue)
-        depth = q.count
+        depth = queue_depth(q)
         found = registered_workers(q)
         for w, versions in zip(found, _registered_versions(r, found), strict=True):
             workers.append(
@@ -169,6 +178,19 @@ def _probe(session: Session, r: Redis, settings: Settings) -> Health:
         workers=sorted(workers, key=lambda w: w.name),
         database_schema=schema,
     )
+
+
+def queue_depth(q: Queue) -> int | None:
+    """The entries waiting; None when the queue's key holds no list (written by anyone who
+    can write to Redis; the next worker to start deletes it): a fault of that key, not
+    Redis away."""
+    try:
+        return q.count
+    except ResponseError as e:
+        if not str(e).startswith("WRONGTYPE"):
+            raise
+        log.warning("health: the queue's key %s holds no list", q.key)
+        return None
 
 
 def redis_problem(e: RedisError) -> str:

@@ -251,8 +251,9 @@ def test_a_worker_whose_loop_redis_failed_is_counted_once_when_redis_keeps_its_d
     fails and ends RQ's loop, and so does recording that loop's end. The process starts
     a fresh RQ worker under the next name once Redis answers; a Redis that kept its data
     still holds the old registration, which the process removes first (no ghost counted
-    for minutes beside it). A live registration forged under that next name (RQ refuses
-    to start a worker by a name that has one) costs a name, not the process."""
+    for minutes beside it). A live registration under that next name (forged, or another
+    host's worker of the same host name and process id: RQ refuses to start a worker by a
+    name that has one) costs a name, not the process, and is left as it is."""
     (name,) = registered(svc)
     (parent,) = workers_of(worker.pid)
     if forged:
@@ -275,4 +276,6 @@ def test_a_worker_whose_loop_redis_failed_is_counted_once_when_redis_keeps_its_d
     assert c.job(job["id"])["attempt"] == 1
     assert workers_of(worker.pid) == [parent]  # the same process: no restart of it
     with svc.redis.client() as r:
+        if forged:
+            assert r.hgetall(f"rq:worker:{name}-1") == {b"birth": b"2026-01-01T00:00:00Z"}
         assert f"rq:pubsub:{name}".encode() not in r.pubsub_channels()  # its channel closed

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 
 import pytest
 
+from cli.local.redis_server import start_embedded
 from core.redis_client import (
     KEEPALIVE_IDLE_S,
     KEEPALIVE_INTERVAL_S,
@@ -60,3 +62,25 @@ def test_an_asyncio_connection_probes_a_silent_host(redis_server: RedisServer) -
             await r.aclose()
 
     asyncio.run(check())
+
+
+def test_the_embedded_servers_unix_socket_connects_without_keepalive(tmp_path: Path) -> None:
+    """The README's default path: the embedded redis-server on a unix socket, which refuses
+    keepalive arguments; both clients connect to it."""
+    url, started = start_embedded(tmp_path)
+    assert started and url.startswith("unix://")
+    r = connect(url)
+    try:
+        assert r.ping()
+
+        async def ping() -> bool:
+            a = connect_async(url, longest_block_s=1)
+            try:
+                return bool(await a.ping())
+            finally:
+                await a.aclose()
+
+        assert asyncio.run(ping())
+    finally:
+        r.shutdown(nosave=True)
+        r.close()

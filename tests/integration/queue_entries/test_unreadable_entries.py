@@ -136,6 +136,7 @@ def test_junk_in_rqs_own_lists_never_stops_a_worker(svc: Service, r: Redis) -> N
     r.zadd(queue.started_job_registry.key, {b"\xff\xfe:1": 1})  # expired long ago
     r.rpush(queue.intermediate_queue_key, b"\xff\xfe-junk")
     r.set(queue.canceled_job_registry.key, "junk")  # WRONGTYPE for RQ's every command on it
+    r.set("rq:workers", "junk")  # RQ's set of all workers, which a worker joins as it starts
     r.delete(queue.registry_cleaning_key)  # the next worker to start runs the maintenance
     old = rq_worker_pid(svc)
     os.kill(old, signal.SIGKILL)
@@ -147,6 +148,7 @@ def test_junk_in_rqs_own_lists_never_stops_a_worker(svc: Service, r: Redis) -> N
     logs = svc.logs(tail=None)
     assert "RQ names no job by it" in logs
     assert f"deleted {queue.canceled_job_registry.key}" in logs
+    assert "deleted rq:workers: a " in logs
     assert "the worker loop ended" not in logs  # the same RQ worker took the job
 
 
@@ -220,3 +222,50 @@ def test_a_worker_registration_rq_cannot_read_costs_no_health_or_metrics(
         r.srem(f"rq:workers:{svc.queue}", fake)
         r.srem("rq:workers", fake)
         r.delete(fake)
+
+
+def test_a_queue_key_of_another_type_is_no_redis_outage_and_goes(svc: Service, r: Redis) -> None:
+    """The queue's own key made a string: /health answers 200 with Redis up (the depth
+    unknown), and the worker, whose wait for a job fails on it, deletes it as it starts
+    again and takes the next job."""
+    queue, worker = rq_queue(svc, r), rq_worker_pid(svc)
+    os.kill(worker, signal.SIGSTOP)  # the key stays as it is while /health reads it
+    try:
+        r.set(queue.key, "junk")
+        time.sleep(HEALTH_FRESH_S + 0.5)  # past any probe made before
+        health = svc.client(svc.admin_key).http.get("/health")
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert health.status_code == 200, health.text
+    assert (health.json()["redis"], health.json()["queue_depth"]) == (True, None)
+    wait_until(lambda: r.type(queue.key) != b"string", 60, "the worker to delete the key", 0.2)
+    run_one(svc)
+
+
+def test_a_worker_set_grown_by_the_thousand_costs_a_probe_a_bounded_read(
+    svc: Service, r: Redis
+) -> None:
+    """Registrations that name no worker, by the thousand, in the queue's set of workers:
+    /health reads at most REGISTRATIONS_READ_MAX of them a probe and drops what it read,
+    and still counts the real worker."""
+    from api.routes.health import REGISTRATIONS_READ_MAX
+
+    listed = f"rq:workers:{svc.queue}"
+    junk = [f"rq:worker:junk-{i}" for i in range(3 * REGISTRATIONS_READ_MAX)]
+    r.sadd(listed, *junk)
+    try:
+        before = r.scard(listed)
+        time.sleep(HEALTH_FRESH_S + 0.5)
+        health = httpx.get(f"{svc.url}/health")
+        assert health.status_code == 200, health.text
+        assert before - REGISTRATIONS_READ_MAX <= r.scard(listed) < before
+
+        def drained() -> bool:
+            assert httpx.get(f"{svc.url}/health").status_code == 200
+            return not any(m.startswith(b"rq:worker:junk-") for m in r.smembers(listed))
+
+        wait_until(drained, 30, "the probes to drop the junk", HEALTH_FRESH_S)
+        names = [w["name"] for w in svc.client(svc.admin_key).health()["workers"]]
+        assert worker_name(svc, r) in names
+    finally:
+        r.srem(listed, *junk)
