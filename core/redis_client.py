@@ -9,6 +9,7 @@ from typing import Any
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import ResponseError
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 5.0  # a command of ours answers in milliseconds
@@ -39,6 +40,12 @@ def keepalive(url: str) -> dict[str, Any]:
     if url.startswith("unix:"):
         return {}
     return {"socket_keepalive": True, "socket_keepalive_options": keepalive_options()}
+
+
+def wrong_type(e: Exception) -> bool:
+    """Redis refused a command on a key that holds another type (WRONGTYPE): a fault of
+    that key, which anyone who can write to Redis can make, not Redis away."""
+    return isinstance(e, ResponseError) and str(e).startswith("WRONGTYPE")
 
 
 def connect(url: str) -> Redis:

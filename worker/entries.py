@@ -165,13 +165,13 @@ def drop_junk_ids(r: Redis, queue: Queue) -> None:
         queue.canceled_job_registry,
     )
     for registry in registries:
-        if not _of_type(r, registry.key, b"zset"):
+        if not _of_type(r, registry.key, "zset"):
             continue
         for member, _ in r.zscan_iter(registry.key):
             if id_problem(member.split(b":", 1)[0]) is not None:
                 log.error("dropped %.100r from %s: RQ names no job by it", member, registry.key)
                 r.zrem(registry.key, member)
-    if not _of_type(r, queue.intermediate_queue_key, b"list"):
+    if not _of_type(r, queue.intermediate_queue_key, "list"):
         return
     listed: list[bytes] = r.lrange(queue.intermediate_queue_key, 0, -1)  # type: ignore[assignment]
     for raw in listed:
@@ -186,21 +186,22 @@ def drop_wrong_types(r: Redis, queue: str) -> None:
     fail with WRONGTYPE, and the worker would start again and again, taking no job. None of
     them can hold a job's entry while of the wrong type."""
     for key, kind in (
-        (worker_registration.REDIS_WORKER_KEYS, b"set"),
-        (worker_registration.WORKERS_BY_QUEUE_KEY % queue, b"set"),
-        (Queue.redis_queues_keys, b"set"),
-        (Queue.redis_queue_namespace_prefix + queue, b"list"),
+        (worker_registration.REDIS_WORKER_KEYS, "set"),
+        (worker_registration.WORKERS_BY_QUEUE_KEY % queue, "set"),
+        (Queue.redis_queues_keys, "set"),
+        (Queue.redis_queue_namespace_prefix + queue, "list"),
     ):
         _of_type(r, key, kind)
 
 
-def _of_type(r: Redis, key: str, kind: bytes) -> bool:
+def _of_type(r: Redis, key: str, kind: str) -> bool:
     """True when `key` holds a `kind` or nothing; a key of another type (RQ would fail on
     it with WRONGTYPE at every clean-up) is deleted, and False."""
     found = r.type(key)
-    if found in (kind, b"none", kind.decode(), "none"):
-        return found in (kind, kind.decode())
-    log.error("deleted %s: a %r where RQ keeps a %s", key, found, kind.decode())
+    found = found.decode() if isinstance(found, bytes) else str(found)
+    if found in (kind, "none"):
+        return found == kind
+    log.error("deleted %s: a %r where RQ keeps a %s", key, found, kind)
     r.delete(key)
     return False
 

@@ -22,7 +22,7 @@ import onnxscript  # noqa: F401  (the ONNX exporter's: a second of each job's ex
 import torch  # noqa: F401  (imported for fast forks; CUDA stays untouched)
 import torchvision  # noqa: F401
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, worker_registration
 from rq.command import handle_stop_job_command
@@ -37,7 +37,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from core.config import Settings
 from core.db import Database
 from core.lifetime import ParentGone, end_with_parent
-from core.redis_client import READ_TIMEOUT_S, connect, use_read_timeout
+from core.redis_client import READ_TIMEOUT_S, connect, use_read_timeout, wrong_type
 from core.train.checker import share
 from core.train.export import warm_up
 from core.train.kept_data import KEPT
@@ -132,7 +132,7 @@ class TrainqWorker(CommandChannel):
                 # refuses the lock's SET and the heartbeat) and the database away too only
                 # delay the choice, never end the worker
                 log.warning("fair share cannot choose (%s); trying again in %.0f s", e, delay)
-                if isinstance(e, ResponseError) and str(e).startswith("WRONGTYPE"):
+                if wrong_type(e):
                     with contextlib.suppress(RedisError):
                         drop_wrong_types(self.connection, self.queues[0].name)
                 time.sleep(delay)

@@ -67,10 +67,11 @@ def serve(make_worker: Callable[[], Worker], r: Redis, *, burst: bool) -> None:
         ended = run(worker, burst=burst)
         if asked_to_stop(worker) or (burst and ended is None):
             return
-        if ended == "refused":
-            close_channel(worker)  # the name is another's: its registration is left alone
-        elif not record_end(worker):
+        # A run that returned was recorded by RQ's teardown; one Redis failed may not be.
+        if ended == "failed" and not record_end(worker):
             unrecorded.append(worker)  # again once Redis answers, before the next run
+        elif ended == "refused":
+            close_channel(worker)  # the name is another's: its registration is left alone
         if time.monotonic() - began > 4 * RETRY_MAX_S:
             delay = RETRY_FIRST_S  # it ran a good while: this is a new outage
         log.warning("the worker loop ended on an error; starting it again in %.0f s", delay)

@@ -23,6 +23,7 @@ from api.errors import RETRY_AFTER_S
 from api.schemas import Health, VersionsOut, WorkerOut
 from core.config import Settings
 from core.queue import job_queue
+from core.redis_client import wrong_type
 from core.schema import database_revision
 from core.versions import FIELDS, Versions, running_versions
 
@@ -187,7 +188,7 @@ def queue_depth(q: Queue) -> int | None:
     try:
         return q.count
     except ResponseError as e:
-        if not str(e).startswith("WRONGTYPE"):
+        if not wrong_type(e):
             raise
         log.warning("health: the queue's key %s holds no list", q.key)
         return None
