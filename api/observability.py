@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import CallerDep
 from api.middleware import HTTPMiddleware
-from api.routes.health import registered_workers
+from api.routes.health import queue_depth, registered_workers
 from core.db import Job
 from core.queue import job_queue
 from core.retention import stored_bytes
@@ -51,9 +51,12 @@ class ServiceCollector(Collector):
             value=state.events.lagging,
         )
         jobs = GaugeMetricFamily("trainq_jobs", "Jobs by status.", labels=["status"])
+        r = state.redis
+        q = job_queue(r, state.settings.queue)
         with state.db.reader() as s:
             counts = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
             held = stored_bytes(s)
+            depth = queue_depth(q, s)
         for status in JobStatus:
             jobs.add_metric([status.value], counts.get(status.value, 0))
         yield jobs
@@ -66,9 +69,10 @@ class ServiceCollector(Collector):
         for kind, size in held.items():
             stored.add_metric([kind], size)
         yield stored
-        r = state.redis
-        q = job_queue(r, state.settings.queue)
-        yield GaugeMetricFamily("trainq_queue_depth", "Jobs waiting in the queue.", value=q.count)
+        if depth is not None:  # None: the queue's key holds no list (api.routes.health)
+            yield GaugeMetricFamily(
+                "trainq_queue_depth", "Entries on the queue a worker will run.", value=depth
+            )
         alive = len(registered_workers(q))
         yield GaugeMetricFamily("trainq_workers_alive", "Registered RQ workers.", value=alive)
         if self.per_worker:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from redis import Redis
@@ -34,6 +35,29 @@ MAX_FIELDS = 64  # RQ writes about 30
 MAX_FIELD_NAME_BYTES = 64
 # RQ's default description is the call string, the whole spec in it: a few times 16 KiB
 MAX_FIELD_BYTES = 64 * 1024
+
+
+def is_uuid(value: object) -> bool:
+    """A UUID in its canonical form, as str(uuid4()) writes it."""
+    if not isinstance(value, str):
+        return False
+    try:
+        return str(uuid.UUID(value)) == value
+    except ValueError:
+        return False
+
+
+def job_id_of(entry: bytes) -> str | None:
+    """The trainq job an entry id names by the contract (`<uuid>` or `<uuid>-<suffix>`), or
+    None for an id that names none (a worker drops or refuses its entry)."""
+    try:
+        text = entry.decode()
+    except UnicodeDecodeError:
+        return None
+    head = text[:36]
+    if is_uuid(head) and (len(text) == 36 or text[36] == "-"):
+        return head
+    return None
 
 
 def job_queue(r: Redis, name: str) -> Queue:

@@ -6,7 +6,6 @@ See docs/queue.md ("The contract")."""
 from __future__ import annotations
 
 import json
-import uuid
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,7 @@ from core.queue import (
     MAX_SPEC_DEPTH,
     PAYLOAD_KEYS,
     TASK,
+    is_uuid,
 )
 
 
@@ -114,16 +114,6 @@ def read_entry(r: Redis, key: str) -> dict[bytes, bytes]:
     if isinstance(reply, bytes):
         raise UnreadableEntry(reply.decode(errors="replace"))
     return dict(zip(reply[::2], reply[1::2], strict=True))
-
-
-def is_uuid(value: object) -> bool:
-    """A UUID in its canonical form, as str(uuid4()) writes it."""
-    if not isinstance(value, str):
-        return False
-    try:
-        return str(uuid.UUID(value)) == value
-    except ValueError:
-        return False
 
 
 def _parse(payload: bytes) -> tuple[Any, Any, Any, Any]:

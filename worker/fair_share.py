@@ -18,12 +18,12 @@ from sqlalchemy.orm import Session
 
 from core.config import Settings
 from core.db import Database
+from core.queue import job_id_of
 from core.quotas import in_force, overrides, spans_by_owner, trained_s
 from worker.fair_share_order import Owner, Shares, Waiting, fair_order
 from worker.fair_share_reads import (
     Payload,
     Row,
-    job_id_of,
     job_rows,
     read_payload,
     running_jobs,

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from core.db import Job
 from core.queue import MAX_OWNER_CHARS, MAX_PAYLOAD_BYTES
 from core.spec import JobStatus, Priority
-from worker.entry_checks import UnreadableEntry, inflate, is_uuid, read_entry
+from worker.entry_checks import UnreadableEntry, inflate, read_entry
 from worker.fair_share_order import Owner
 
 ROWS_PER_QUERY = 500  # ids in one IN (...): within SQLite's bound on parameters
@@ -35,19 +35,6 @@ class Row(NamedTuple):
     queue_entry: str | None
     priority: int
     created_at: dt.datetime  # in UTC
-
-
-def job_id_of(entry: bytes) -> str | None:
-    """The trainq job an entry id names by the contract (`<uuid>` or `<uuid>-<suffix>`), or
-    None for an id that names none (the worker's usual path drops or refuses it)."""
-    try:
-        text = entry.decode()
-    except UnicodeDecodeError:
-        return None
-    head = text[:36]
-    if is_uuid(head) and (len(text) == 36 or text[36] == "-"):
-        return head
-    return None
 
 
 @dataclass(frozen=True)

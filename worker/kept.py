@@ -13,9 +13,9 @@ from pathlib import Path
 from rq.exceptions import StopRequested
 from rq.job import Job
 
+from core.queue import is_uuid
 from core.spec import DATASETS, USER_DATASET_PREFIX, JobSpec
 from core.train.kept_data import KEPT
-from worker.entry_checks import is_uuid
 
 log = logging.getLogger("trainq.worker")
 

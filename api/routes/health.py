@@ -22,9 +22,10 @@ from api.deps import HealthCacheDep, OptionalCallerDep, ReaderDep, RedisDep, Set
 from api.errors import RETRY_AFTER_S
 from api.schemas import Health, VersionsOut, WorkerOut
 from core.config import Settings
-from core.queue import job_queue
+from core.queue import job_id_of, job_queue
 from core.redis_client import wrong_type
 from core.schema import database_revision
+from core.store import accepted_entries
 from core.versions import FIELDS, Versions, running_versions
 
 log = logging.getLogger("trainq.api")
@@ -43,7 +44,10 @@ class HealthOut(BaseModel):
         description="Why Redis counts as away: it does not answer, or it refuses writes "
         "(full, MISCONF, read-only).",
     )
-    queue_depth: int | None
+    queue_depth: int | None = Field(
+        description="Entries on the queue a worker will run (not those of jobs canceled "
+        "after they were queued); null if Redis or the database is away."
+    )
     workers_alive: int | None = Field(description="Registered workers; null if Redis is away.")
     workers: list[WorkerOut] | None = Field(description="With an admin key only.")
     versions: list[VersionsOut] | None = Field(
@@ -154,7 +158,7 @@ def _probe(session: Session, r: Redis, settings: Settings) -> Health:
     try:
         r.set(PROBE_KEY, b"1", px=PROBE_TTL_MS)  # reads alone pass while writes are refused
         q = job_queue(r, settings.queue)
-        depth = queue_depth(q)
+        depth = queue_depth(q, session) if db_ok else None  # which entries wait: their rows
         found = registered_workers(q)
         for w, versions in zip(found, _registered_versions(r, found), strict=True):
             workers.append(
@@ -181,17 +185,34 @@ def _probe(session: Session, r: Redis, settings: Settings) -> Health:
     )
 
 
-def queue_depth(q: Queue) -> int | None:
-    """The entries waiting; None when the queue's key holds no list (written by anyone who
-    can write to Redis; the next worker to start deletes it): a fault of that key, not
-    Redis away."""
+DEPTH_READ_MAX = 10_000  # entries a probe reads; those past them count as waiting
+
+
+def queue_depth(q: Queue, s: Session) -> int | None:
+    """The entries on the queue a worker will run: an entry of a queued job that its claim
+    accepts, or a direct entry (its row is written as a worker admits it). An entry whose
+    job was canceled or requeued under another entry after it was queued stays on the queue
+    until a worker takes and skips it, and one naming no job is dropped: neither counts.
+    None when the queue's key holds no list (written by anyone who can write to Redis; the
+    next worker to start deletes it): a fault of that key, not Redis away."""
     try:
-        return q.count
+        listed: list[bytes] = q.connection.lrange(q.key, 0, DEPTH_READ_MAX - 1)  # type: ignore[assignment]
+        total = q.count if len(listed) == DEPTH_READ_MAX else len(listed)
     except ResponseError as e:
         if not wrong_type(e):
             raise
         log.warning("health: the queue's key %s holds no list", q.key)
         return None
+    ids = {entry: job_id_of(entry) for entry in listed}
+    accepted = accepted_entries(s, job_ids={i for i in ids.values() if i is not None})
+    skipped = sum(1 for entry in listed if not _will_run(entry, ids[entry], accepted))
+    return total - skipped
+
+
+def _will_run(entry: bytes, job_id: str | None, accepted: dict[str, str | None]) -> bool:
+    if job_id is None:
+        return False
+    return job_id not in accepted or accepted[job_id] == entry.decode()
 
 
 def redis_problem(e: RedisError) -> str:

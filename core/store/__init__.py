@@ -11,6 +11,7 @@ from core.store.datasets import (
     list_datasets,
 )
 from core.store.jobs import (
+    accepted_entries,
     claim_job,
     create_job,
     end_job,
@@ -46,6 +47,7 @@ from core.store.results import (
 )
 
 __all__ = [
+    "accepted_entries",
     "artifact_sha256s",
     "claim_job",
     "create_dataset",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Select, bindparam, insert, select, update
@@ -261,6 +261,24 @@ def stale_queued_jobs(s: Session, *, enqueued_before: DbTime) -> Sequence[Job]:
     return s.scalars(
         select(Job).where(Job.status == JobStatus.queued, Job.enqueued_at < enqueued_before)
     ).all()
+
+
+IDS_PER_QUERY = 500  # ids in one IN (...): within SQLite's bound on parameters
+
+
+def accepted_entries(s: Session, *, job_ids: Collection[str]) -> dict[str, str | None]:
+    """Each of these jobs that has a row: the queue entry its claim accepts
+    (lifecycle.entry_named), or None when it is not queued and accepts none."""
+    ordered = sorted(job_ids)
+    out: dict[str, str | None] = {}
+    for i in range(0, len(ordered), IDS_PER_QUERY):
+        q = select(Job.id, Job.status, Job.queue_entry).where(
+            Job.id.in_(ordered[i : i + IDS_PER_QUERY])
+        )
+        for row in s.execute(q):
+            waits = row.status == JobStatus.queued
+            out[row.id] = (row.queue_entry or row.id) if waits else None
+    return out
 
 
 def set_queue_entry(s: Session, *, job_id: str, queue_entry: str, seen: str | None) -> bool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+from core.queue import job_id_of
 from worker.fair_share_order import Shares, Waiting, fair_order
-from worker.fair_share_reads import job_id_of
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
