@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -13,7 +14,8 @@ from api.auth import KeyRing, RequireKey
 from api.downloads import download_slots
 from api.events import IDLE_BLOCK_MS, EventHub
 from api.health_cache import HealthCache
-from api.images import DecodeBudget, give_back_large_buffers
+from api.images import give_back_large_buffers
+from api.parsers import Parsers
 from api.routes import (
     datasets,
     docs,
@@ -53,7 +55,9 @@ def lifespan(settings: Settings, redis_url: str) -> Lifespan:
         app.state.events = EventHub(app.state.db, app.state.aredis, settings)
         app.state.downloads = download_slots(settings)
         app.state.uploads = upload_slots(settings)
-        app.state.decode_budget = DecodeBudget(settings.max_decode_bytes)
+        app.state.parsers = Parsers(settings)
+        # Started beside the app: the first predict finds its children ready.
+        threading.Thread(target=app.state.parsers.warm, name="warm-parsers", daemon=True).start()
         give_back_large_buffers()
         app.state.sweep_reports = SweepReports(app.state.db)
         # Everything made so far lives as long as the process: out of the collector's sight,
@@ -61,6 +65,7 @@ def lifespan(settings: Settings, redis_url: str) -> Lifespan:
         gc.freeze()
         yield
         app.state.submitter.close()
+        app.state.parsers.close()
         await app.state.aredis.aclose()
         app.state.redis.close()
         app.state.db.dispose()

@@ -19,7 +19,7 @@ from core.db import Database, close_quietly
 if TYPE_CHECKING:
     from api.events import EventHub
     from api.health_cache import HealthCache
-    from api.images import DecodeBudget
+    from api.parsers import Parsers
     from api.services.submitter import Submitter
     from api.services.sweeps import SweepReports
     from api.slots import KeySlots
@@ -105,7 +105,7 @@ EventsDep = Annotated["EventHub", Depends(app_state("events"))]
 SweepReportsDep = Annotated["SweepReports", Depends(app_state("sweep_reports"))]
 DownloadsDep = Annotated["KeySlots", Depends(app_state("downloads"))]
 UploadsDep = Annotated["KeySlots", Depends(app_state("uploads"))]
-DecodeBudgetDep = Annotated["DecodeBudget", Depends(app_state("decode_budget"))]
+ParsersDep = Annotated["Parsers", Depends(app_state("parsers"))]
 HealthCacheDep = Annotated["HealthCache", Depends(app_state("health"))]
 # The owners of admin keys (they have no limits).
 AdminOwnersDep = Annotated[frozenset[str], Depends(app_state("admin_owners"))]

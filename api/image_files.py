@@ -13,11 +13,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
 from api.body import BODY_SLACK, CappedRequest, refuse_large_file
-from api.images import ImageRejected, KeyBudget, decode_image
 from api.json_images import invalid, problem
 
 if TYPE_CHECKING:
     import torch
+
+    from api.parsers import KeyDecoder
 
 MAX_FILES = 32  # per multipart request
 MAX_FILE_BYTES = 1 << 20  # per file
@@ -29,16 +30,17 @@ async def read_file_images(
     request: Request,
     shape: tuple[int, int, int],
     invert: bool,
-    budget: KeyBudget,
+    decoder: KeyDecoder,
     fit: str | None = None,
 ) -> torch.Tensor:
     """The request's files as an (N, C, H, W) tensor; `invert` or the form's own `invert`
-    takes dark-on-light images; `fit`: the model's set's (api.images.decode_image). Decoding
-    runs in the threadpool, never on the event loop."""
+    takes dark-on-light images; `fit`: the model's set's (api.images.decode_image). Each file is
+    decoded in a parser child (api.parsers), waited for in the threadpool, never on the
+    event loop."""
     files, form_invert = await _read_files(request)
     try:
         return await run_in_threadpool(
-            _images_from_files, files, shape, invert or form_invert, budget, fit
+            _images_from_files, files, shape, invert or form_invert, decoder, fit
         )
     finally:
         for f in files:
@@ -116,7 +118,7 @@ def _images_from_files(
     files: list[UploadFile],
     shape: tuple[int, int, int],
     invert: bool,
-    budget: KeyBudget,
+    decoder: KeyDecoder,
     fit: str | None = None,
 ) -> torch.Tensor:
     import torch
@@ -127,16 +129,21 @@ def _images_from_files(
             422, detail=f"this model takes {c}-channel images: send them as JSON arrays"
         )
     errors: list[dict[str, Any]] = []
-    decoded: list[bytes] = []
+    names, data = [], []
     for i, f in enumerate(files):
         name = f.filename or f"files[{i}]"
         refuse_large_file(
             f, MAX_FILE_BYTES, f"file {name!r} (files[{i}])", f"{MAX_FILE_BYTES} (1 MiB) per file"
         )
-        try:
-            decoded.append(decode_image(f.file, (c, h, w), invert, budget, fit))
-        except ImageRejected as e:
-            errors.append(problem("invalid_image", ("body", "files", i), f"{name!r}: {e}"))
+        names.append(name)
+        data.append(f.file.read(MAX_FILE_BYTES + 1))
+    decoded: list[bytes] = []
+    for i, (name, out) in enumerate(zip(names, decoder.decode(data, (c, h, w), invert, fit),
+                                        strict=True)):  # fmt: skip
+        if isinstance(out, bytes):
+            decoded.append(out)
+        else:
+            errors.append(problem("invalid_image", ("body", "files", i), f"{name!r}: {out}"))
     if errors:
         raise invalid(errors)
     raw = torch.frombuffer(bytearray(b"".join(decoded)), dtype=torch.uint8)

@@ -11,7 +11,7 @@ import struct
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import IO
+from typing import IO, Protocol
 
 from PIL import Image, ImageOps, JpegImagePlugin
 
@@ -170,6 +170,13 @@ class DecodeBudget:
         return "this API process is decoding all the images its max_decode_bytes allows"
 
 
+class Reserves(Protocol):
+    """What a decode reserves its bytes with: a KeyBudget, or a parser child's way to ask
+    the API's (api.parser_child)."""
+
+    def reserve(self, size: int) -> AbstractContextManager[None]: ...
+
+
 class KeyBudget:
     """DecodeBudget.reserve for one key."""
 
@@ -192,7 +199,7 @@ def decode_image(
     data: IO[bytes],
     shape: tuple[int, int, int],
     invert: bool,
-    budget: KeyBudget | None = None,
+    budget: Reserves | None = None,
     fit: str | None = None,
 ) -> bytes:
     """A PNG or JPEG as the model's input: `H*W*C` bytes (C = 1: "L", 3: "RGB"), H, W, C

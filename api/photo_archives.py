@@ -1,7 +1,8 @@
-"""The members of an uploaded archive of photos, zip or tar (gzipped or not), behind the
-guards: counts and sizes before anything is expanded, nothing expanding over MAX_RATIO
-times, no absolute path or '..', no name that is not plain text; links (symlinks, hard
-links) and other non-files are skipped and named. See docs/datasets.md ("Photos")."""
+"""The members of an uploaded archive of photos, zip or tar (plain or gzipped: no other
+compression is read), behind the guards: counts and sizes before anything is expanded,
+nothing expanding over MAX_RATIO times, no absolute path or '..', no name that is not plain
+text, no sparse member (whose maps tarfile reads unbounded); links (symlinks, hard links)
+and other non-files are skipped and named. See docs/datasets.md ("Photos")."""
 
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ MAX_NAME = 1024  # characters in a member's path: a longer one is no photo's
 MAX_EXTENDED_HEADER = 64 << 10
 _EXTENDED = {tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
              tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE}  # fmt: skip
+GZIP_MAGIC = b"\x1f\x8b"
+# Compressions a tar may come in that trainq does not read: their decoders expand a whole
+# block with no bound on what comes out.
+_OTHER_COMPRESSIONS = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x5d\x00\x00": "lzma",
+                       b"\x28\xb5\x2f\xfd": "zstd", b"\x1f\x9d": "compress (.Z)"}  # fmt: skip
+SPARSE_REFUSED = (
+    "is a sparse file (GNU sparse): trainq reads regular files only; archive it again "
+    "without --sparse"
+)
 
 
 @dataclass(frozen=True)
@@ -51,16 +61,40 @@ class _BoundedInfo(tarfile.TarInfo):
             )
         return super()._proc_member(tf)  # type: ignore[misc,no-any-return]
 
+    # Sparse members, old GNU and pax alike: refused before their maps are read (an old GNU
+    # member's chain of extension blocks, or a pax 1.0 map, has no bound of its own).
+    def _proc_sparse(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
+        raise InvalidDataset(f"archive member {quoted(self.name)} {SPARSE_REFUSED}")
+
+    def _proc_gnusparse_00(self, next: tarfile.TarInfo, *_: object) -> None:
+        raise InvalidDataset(f"archive member {quoted(next.name)} {SPARSE_REFUSED}")
+
+    _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
+
 
 def _open_tar(data: bytes) -> tarfile.TarFile:
-    return tarfile.open(fileobj=io.BytesIO(data), mode="r|*", tarinfo=_BoundedInfo)
+    """The tar as one stream, plain or gzipped; any other compression refused by name."""
+    for magic, name in _OTHER_COMPRESSIONS.items():
+        if data.startswith(magic):
+            raise InvalidDataset(
+                f"the archive is compressed with {name}: trainq reads a zip (stored or deflate), "
+                "a plain tar or a tar.gz; compress it again with gzip"
+            )
+    fileobj = io.BytesIO(data)
+    if data.startswith(GZIP_MAGIC):
+        return tarfile.open(fileobj=fileobj, mode="r|gz", tarinfo=_BoundedInfo)
+    return tarfile.open(fileobj=fileobj, mode="r|", tarinfo=_BoundedInfo)
 
 
 def is_tar(data: bytes) -> bool:
+    """Whether `data` is a tar (plain or gzipped); InvalidDataset for another compression."""
+    for magic in _OTHER_COMPRESSIONS:
+        if data.startswith(magic):
+            _open_tar(data)  # raises, naming the compression
     try:
         with _open_tar(data) as tf:
             return tf.next() is not None
-    except DatasetTooLarge:
+    except InvalidDataset:  # DatasetTooLarge too
         return True  # a tar, refused when its members are read
     except (tarfile.TarError, OSError, EOFError):
         return False

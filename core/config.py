@@ -107,6 +107,28 @@ class Settings(BaseSettings):
         "upload declaring more is refused with 413 from its zip directory or headers, before "
         "any image is read (the work of checking an upload grows with its images).",
     )
+    upload_parser_memory: int = Field(
+        4 << 30,
+        ge=512 << 20,
+        description="Bytes of address space the child process that reads one upload may take "
+        "(api.parsers); an upload that needs more is refused with 413 and costs the API "
+        "nothing. One child runs per upload being checked (max_parallel_uploads).",
+    )
+    upload_parser_cpu_s: float = Field(
+        30.0,
+        gt=0,
+        description="CPU seconds the child reading one upload may use, plus 1 s per MiB of "
+        "the upload (3 times as many seconds on the clock); an upload that needs more is "
+        "refused with 413 and frees its slot.",
+    )
+    predict_parsers: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Child processes kept warm to decode the image files sent to predict "
+        "(each at most 1 GiB of address space and 5 CPU seconds an image); a request that "
+        "finds all busy for 5 s answers 503 with Retry-After.",
+    )
     max_decode_bytes: int = Field(
         256 << 20,
         ge=128 << 20,

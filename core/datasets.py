@@ -27,6 +27,10 @@ MAX_MEMBERS = 300_000
 MAX_RATIO = 100  # expanded / compressed bytes, past RATIO_FLOOR: members, .gz, pixels
 RATIO_FLOOR = 1 << 20
 MAX_IMAGES = 200_000
+# The zip methods read: deflate inflates at most what is asked of it; bzip2 and lzma expand
+# a whole block whatever was asked (a zip's directory may lie about the size).
+READ_COMPRESSIONS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+_METHODS = {zipfile.ZIP_BZIP2: "bzip2", zipfile.ZIP_LZMA: "lzma", 93: "zstd", 9: "deflate64"}
 MAX_SIDE = 256
 MIN_SIDE = 4  # two 2×2 poolings
 MIN_CLASSES, MAX_CLASSES = 2, 1000
@@ -84,6 +88,12 @@ def checked_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
         parts = name.replace("\\", "/").split("/")
         if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or ".." in parts:
             raise InvalidDataset(f"zip member {name!r}: absolute paths and '..' are refused")
+        if info.compress_type not in READ_COMPRESSIONS:
+            raise InvalidDataset(
+                f"zip member {name!r} is compressed with method {info.compress_type} "
+                f"({_METHODS.get(info.compress_type, 'unknown')}): trainq reads stored and "
+                "deflate members only (zip's default); zip it again without another method"
+            )
         check_ratio(info.file_size, info.compress_size, f"zip member {name!r}")
         if info.is_dir() or parts[0] == "__MACOSX" or any(p.startswith(".") for p in parts):
             continue

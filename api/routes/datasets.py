@@ -10,7 +10,7 @@ from fastapi import APIRouter, File, Form, Response, UploadFile
 
 from api.access import visible_dataset
 from api.body import BODY_SLACK, refuse_large_file
-from api.deps import CallerDep, ReaderDep, SessionDep, SettingsDep, UploadsDep
+from api.deps import CallerDep, ParsersDep, ReaderDep, SessionDep, SettingsDep, UploadsDep
 from api.photo_sets import PhotoOptions
 from api.responses import NO_DATASET, NO_KEY, TOO_LARGE, problem
 from api.schemas import DatasetOut, QuotaProblem
@@ -78,6 +78,7 @@ def upload_dataset(
     caller: CallerDep,
     settings: SettingsDep,
     slots: UploadsDep,
+    parsers: ParsersDep,
     image_size: Annotated[int | None, Form(ge=MIN_SIDE, le=MAX_SIDE, description=SIZE_HELP)] = None,
     fit: Annotated[Fit, Form(description=FIT_HELP)] = "pad",
     val_fraction: Annotated[float, Form(gt=0, lt=1, description=VAL_HELP)] = 0.2,
@@ -87,7 +88,7 @@ def upload_dataset(
     # the event loop. The body is already spooled (and capped by max_body_size).
     refuse_large_file(file, MAX_UPLOAD_BYTES, "file", f"{MAX_UPLOAD_BYTES} (200 MiB)")
     options = PhotoOptions(image_size, fit, val_fraction, skip_bad)
-    ds = datasets.upload(session, settings, slots, caller, file, name, options)
+    ds = datasets.upload(session, settings, slots, parsers, caller, file, name, options)
     response.headers["Location"] = f"/datasets/{ds.id}"
     return dataset_out(ds)
 

@@ -9,10 +9,10 @@ from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
 from api.auth import Caller
-from api.deps import CallerDep, DatabaseDep, DecodeBudgetDep, DownloadsDep, ReaderDep, SettingsDep
-from api.images import DecodeBudget
+from api.deps import CallerDep, DatabaseDep, DownloadsDep, ParsersDep, ReaderDep, SettingsDep
 from api.inference import Answer, classify
 from api.model_access import Ref
+from api.parsers import Parsers
 from api.reads import read
 from api.registry_schemas import ModelPredictOut
 from api.responses import Responses
@@ -93,13 +93,13 @@ async def predict_by_alias(
     alias: AliasName,
     request: Request,
     db: DatabaseDep,
-    budget: DecodeBudgetDep,
+    parsers: ParsersDep,
     caller: CallerDep,
     owner: Owner = None,
     invert: Invert = False,
     k: TopK = None,
 ) -> ModelPredictOut:
-    return await _predict(Ref(name, owner, alias=alias), request, db, budget, caller, invert, k)
+    return await _predict(Ref(name, owner, alias=alias), request, db, parsers, caller, invert, k)
 
 
 @router.api_route(
@@ -140,14 +140,14 @@ async def predict_version(
     version: VersionNumber,
     request: Request,
     db: DatabaseDep,
-    budget: DecodeBudgetDep,
+    parsers: ParsersDep,
     caller: CallerDep,
     owner: Owner = None,
     invert: Invert = False,
     k: TopK = None,
 ) -> ModelPredictOut:
     ref = Ref(name, owner, version=version)
-    return await _predict(ref, request, db, budget, caller, invert, k)
+    return await _predict(ref, request, db, parsers, caller, invert, k)
 
 
 def _download(
@@ -176,7 +176,7 @@ async def _predict(
     ref: Ref,
     request: Request,
     db: Database,
-    budget: DecodeBudget,
+    parsers: Parsers,
     caller: Caller,
     invert: bool,
     k: int | None,
@@ -186,7 +186,7 @@ async def _predict(
     found = await read(db, registry.version_target, caller, ref)
     model = found.target
     images = await read_images(
-        request, model.shape, invert, budget.for_key(caller.owner), model.fit
+        request, model.shape, invert, parsers.for_key(caller.owner), model.fit
     )
     answer = Answer(classes=model.classes, k=k)
     out = await classify(db, model.job_id, model.format, model.sha256, images, answer)

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from api.body import BODY_SLACK
-from api.deps import CallerDep, DatabaseDep, DecodeBudgetDep
+from api.deps import CallerDep, DatabaseDep, ParsersDep
 from api.image_files import MAX_FILES, MAX_MULTIPART_BYTES
 from api.images import MAX_SIDE
 from api.inference import DEFAULT_TOP_K, Answer, PredictOut, classify
@@ -104,7 +104,7 @@ async def predict(
     job_id: JobId,
     request: Request,
     db: DatabaseDep,
-    budget: DecodeBudgetDep,
+    parsers: ParsersDep,
     caller: CallerDep,
     invert: Invert = False,
     k: TopK = None,
@@ -114,7 +114,7 @@ async def predict(
     # database connection is held while a client uploads its images.
     model = await read(db, target, caller, job_id)
     images = await read_images(
-        request, model.shape, invert, budget.for_key(caller.owner), model.fit
+        request, model.shape, invert, parsers.for_key(caller.owner), model.fit
     )
     answer = Answer(classes=model.classes, k=k)
     return await classify(db, model.job_id, model.format, model.sha256, images, answer)

@@ -10,10 +10,11 @@ from fastapi import UploadFile
 from sqlalchemy.orm import Session
 
 from api.auth import Caller
+from api.errors import RETRY_AFTER_S
+from api.parsers import Parsers, PoolBusy
 from api.photo_sets import THUMBS_PER_CLASS, PhotoOptions
 from api.schemas import DatasetOut
 from api.slots import KeySlots, SlotLimit
-from api.uploads import parse_upload
 from core.config import Settings
 from core.datasets import MAX_UPLOAD_BYTES, ParsedDataset
 from core.db import UserDataset, as_utc
@@ -23,6 +24,7 @@ from core.errors import (
     InvalidDataset,
     InvalidRequest,
     NotFound,
+    ProcessBusy,
     TooLarge,
 )
 from core.quotas import check_dataset_room, lock_owner
@@ -83,6 +85,7 @@ def upload(
     session: Session,
     settings: Settings,
     slots: KeySlots,
+    parsers: Parsers,
     caller: Caller,
     file: UploadFile,
     name: str,
@@ -96,7 +99,7 @@ def upload(
         check_dataset_room(session, settings, limited, 1)
         session.rollback()  # no transaction (SQLite: no write lock) held through the parse
     with slots.held(caller.owner):  # ProcessBusy past the key's share or the process's limit
-        parsed = _parse(file, settings.upload_max_images, options)
+        parsed = _parse(parsers, caller.owner, file, settings.upload_max_images, options)
     if limited is not None:
         lock_owner(session, limited)
         check_dataset_room(session, settings, limited, len(parsed.npz))
@@ -107,10 +110,20 @@ def upload(
     return ds
 
 
-def _parse(file: UploadFile, max_images: int, options: PhotoOptions) -> ParsedDataset:
+def _parse(
+    parsers: Parsers, owner: str, file: UploadFile, max_images: int, options: PhotoOptions
+) -> ParsedDataset:
+    """The upload read in a parser child (api.parsers): 413 or 422 naming the problem."""
     try:
         data = file.file.read(MAX_UPLOAD_BYTES + 1)
-        return parse_upload(data, max_images=max_images, options=options)
+        if len(data) > MAX_UPLOAD_BYTES:
+            raise DatasetTooLarge(f"the upload is over {MAX_UPLOAD_BYTES} bytes")
+        return parsers.upload(data, max_images, options)
+    except PoolBusy as e:
+        raise ProcessBusy(
+            f"{e}: retry shortly", limit="max_parallel_uploads",
+            value=parsers.upload_pool.size, owner=owner, retry_after_s=int(RETRY_AFTER_S),
+        ) from e  # fmt: skip
     except DatasetTooLarge as e:
         raise TooLarge(e.message) from e
     except InvalidDataset as e:

@@ -15,7 +15,6 @@ from api.access import visible_job
 from api.auth import Caller
 from api.formats import PREDICT_ORDER
 from api.image_files import read_file_images
-from api.images import KeyBudget
 from api.json_images import read_json_images
 from core.db import Job
 from core.errors import ModelDamaged, NoModel, UnsupportedMediaType
@@ -24,6 +23,8 @@ from core.store import artifact_sha256s
 
 if TYPE_CHECKING:
     import torch
+
+    from api.parsers import KeyDecoder
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ async def read_images(
     request: Request,
     shape: tuple[int, int, int],
     invert: bool,
-    budget: KeyBudget,
+    decoder: KeyDecoder,
     fit: str | None = None,
 ) -> torch.Tensor:
     """The body's images as an (N, C, H, W) tensor, by its media type; image files are made
@@ -102,7 +103,7 @@ async def read_images(
     if media_type == "application/json":
         return await read_json_images(request, shape, invert)
     if media_type == "multipart/form-data":
-        return await read_file_images(request, shape, invert, budget, fit)
+        return await read_file_images(request, shape, invert, decoder, fit)
     raise UnsupportedMediaType(
         f'send application/json ({{"images": [...]}}) or multipart/form-data '
         f"(PNG or JPEG files in field 'files'), not {media_type or 'no Content-Type'}"

@@ -1,0 +1,70 @@
+"""What a parser child (api.parser_child) does with each request: an upload read into a
+data set (api.uploads.parse_upload), or one image file decoded into a model's input
+(api.images.decode_image). Each answer is a frame: the result, or the refusal by the name
+of its exception and its message; a MemoryError or any other exception also retires the
+child, which may no longer be sound."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from typing import TYPE_CHECKING
+
+from api.parser_wire import Frame
+
+if TYPE_CHECKING:
+    from api.images import Reserves
+
+# The refusals a parser makes on purpose, by name; the API raises each again as itself.
+REFUSALS = ("InvalidDataset", "DatasetTooLarge", "ImageRejected", "DecodeBusy")
+
+
+def answer(request: Frame, budget: Reserves) -> Frame:
+    op = request.header.get("op")
+    try:
+        if op == "upload":
+            return _upload(request)
+        if op == "images":
+            return _images(request, budget)
+        return Frame({"error": "InvalidRequest", "message": f"no op {op!r}", "retire": True})
+    except MemoryError:
+        return Frame({"error": "MemoryError", "message": "", "retire": True})
+    except Exception as e:
+        name = type(e).__name__
+        if name in REFUSALS:
+            return Frame({"error": name, "message": str(getattr(e, "message", e))})
+        return Frame({"error": "Crash", "message": f"{name}: {e}", "retire": True})
+
+
+def _upload(request: Frame) -> Frame:
+    from api.photo_sets import PhotoOptions
+    from api.uploads import parse_upload
+
+    options = PhotoOptions(**request.header["options"])
+    parsed = parse_upload(request.payload, max_images=request.header["max_images"],
+                          options=options)  # fmt: skip
+    fields = dataclasses.asdict(parsed)
+    del fields["npz"]  # the payload
+    return Frame({"parsed": fields}, parsed.npz)
+
+
+def _images(request: Frame, budget: Reserves) -> Frame:
+    """Each file of a predict request decoded (the files' bytes one after another, their
+    sizes in the header): the pixels of those decoded, one after another, and a refusal
+    (or null) a file. DecodeBusy ends the whole request, as it would in the API."""
+    from api.images import ImageRejected, decode_image
+
+    c, h, w = request.header["shape"]
+    invert, fit = bool(request.header["invert"]), request.header.get("fit")
+    results: list[str | None] = []
+    pixels: list[bytes] = []
+    start = 0
+    for size in request.header["sizes"]:
+        data = io.BytesIO(request.payload[start : start + size])
+        start += size
+        try:
+            pixels.append(decode_image(data, (c, h, w), invert, budget, fit))
+            results.append(None)
+        except ImageRejected as e:
+            results.append(str(e))
+    return Frame({"results": results}, b"".join(pixels))
