@@ -27,9 +27,9 @@ def answer(request: Frame, budget: Reserves) -> Frame:
         if op == "images":
             return _images(request, budget)
         return Frame({"error": "InvalidRequest", "message": f"no op {op!r}", "retire": True})
-    except MemoryError:
-        return Frame({"error": "MemoryError", "message": "", "retire": True})
     except Exception as e:
+        if _out_of_memory(e):
+            return Frame({"error": "MemoryError", "message": "", "retire": True})
         name = type(e).__name__
         if name in REFUSALS:
             return Frame({"error": name, "message": str(getattr(e, "message", e))})
@@ -68,3 +68,14 @@ def _images(request: Frame, budget: Reserves) -> Frame:
         except ImageRejected as e:
             results.append(str(e))
     return Frame({"results": results}, b"".join(pixels))
+
+
+def _out_of_memory(e: BaseException | None) -> bool:
+    """Whether `e` is a MemoryError, or was raised while one was handled (a reader closed
+    as the MemoryError unwound it, and failed in its turn)."""
+    seen = 0
+    while e is not None and seen < 32:
+        if isinstance(e, MemoryError):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False

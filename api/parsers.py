@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 START_S = 15.0  # a child's start: Python, numpy and Pillow imported
 MAX_REPLY = 2 << 30  # a data set's canonical .npz holds at most 1 GiB of pixels
-UPLOAD_CPU_S_PER_MIB = 1.0  # an upload's CPU budget: upload_parser_cpu_s, plus this a MiB
 IMAGE_PARSER_MEMORY = 1 << 30  # one image: at most 64 MiB decoded, as much in coefficients
 IMAGE_CPU_S = 5.0
 IMAGE_WALL_S = DECODE_WAIT_S + 10.0  # the decode budget's wait, then the decode
@@ -85,7 +84,7 @@ OnReserve = Callable[[int, ExitStack], None]
 
 class _Child:
     def __init__(self, limits: Limits) -> None:
-        self.limits = limits
+        self.limits = self.budget = limits  # budget: the request's own, set by the pool
         self.answered = 0
         self.home = tempfile.mkdtemp(prefix="trainq-parser-")
         env = {
@@ -168,7 +167,7 @@ class _Child:
         if left <= 0 or not poll.poll(left * 1000):
             self.kill()
             raise ParserFailed(
-                f"took over {self.limits.wall_s:g} s to read (the most a request may)", limit=True
+                f"took over {self.budget.wall_s:g} s to read (the most a request may)", limit=True
             )
 
     def _ended(self) -> ParserFailed:
@@ -177,7 +176,7 @@ class _Child:
         code = self.proc.returncode
         if code == -signal.SIGXCPU:
             return ParserFailed(
-                f"took over {self.limits.cpu_s:g} CPU seconds to read (the most a request may)",
+                f"took over {self.budget.cpu_s:g} CPU seconds to read (the most a request may)",
                 limit=True,
             )
         if code == -signal.SIGKILL:
@@ -226,14 +225,25 @@ class ParserPool:
             self._give_back(child)
 
     def call(
-        self, request: Frame, *, wall_s: float | None = None, on_reserve: OnReserve | None = None
+        self,
+        request: Frame,
+        *,
+        cpu_s: float | None = None,
+        wall_s: float | None = None,
+        on_reserve: OnReserve | None = None,
     ) -> Frame:
         """The child's answer; Refused for a refusal it made; ParserFailed if it ended or
         was ended first; PoolBusy if no child came free within wait_s."""
         limits = self.limits
-        wall = limits.wall_s if wall_s is None else wall_s
+        budget = Limits(
+            limits.memory,
+            limits.cpu_s if cpu_s is None else cpu_s,
+            limits.wall_s if wall_s is None else wall_s,
+        )
         child = self._take()
-        deadline = time.monotonic() + wall
+        child.budget = budget
+        deadline = time.monotonic() + budget.wall_s
+        request = Frame({**request.header, "cpu_s": budget.cpu_s}, request.payload)
         sound = False
         try:
             reply = child.exchange(request, deadline, on_reserve or _no_reserve)
@@ -262,9 +272,13 @@ class ParserPool:
                 lambda: bool(self._idle) or self._live < self.size, self.wait_s
             )
             if not ready:
-                raise PoolBusy(f"all {self.size} {self.name} parsers are busy")
-            if self._idle:
-                return self._idle.pop()
+                raise PoolBusy(f"all {self.size} {self.name} parsers of this API process are busy")
+            while self._idle:
+                child = self._idle.pop()
+                if child.proc.poll() is None:
+                    return child
+                child.kill()  # it died idle (killed, or its parent's signal): never handed work
+                self._live -= 1
             self._live += 1
         return self._start()
 
@@ -321,6 +335,7 @@ class Parsers:
             Limits(settings.upload_parser_memory, settings.upload_parser_cpu_s,
                    3 * settings.upload_parser_cpu_s, requests=100),
         )  # fmt: skip
+        self.upload_cpu_s_per_mib = settings.upload_parser_cpu_s_per_mib
         self.image_pool = ParserPool(
             "image",
             settings.predict_parsers,
@@ -344,14 +359,13 @@ class Parsers:
         """api.uploads.parse_upload, in a child: InvalidDataset or DatasetTooLarge as it
         raises them, and DatasetTooLarge for an upload that overran a child's limit;
         PoolBusy if no child came free."""
-        cpu_s = self.upload_pool.limits.cpu_s + len(data) / (1 << 20) * UPLOAD_CPU_S_PER_MIB
+        cpu_s = self.upload_pool.limits.cpu_s + len(data) / (1 << 20) * self.upload_cpu_s_per_mib
         request = Frame(
-            {"op": "upload", "max_images": max_images, "options": dataclasses.asdict(options),
-             "cpu_s": cpu_s},
+            {"op": "upload", "max_images": max_images, "options": dataclasses.asdict(options)},
             data,
         )  # fmt: skip
         try:
-            reply = self.upload_pool.call(request, wall_s=3 * cpu_s)
+            reply = self.upload_pool.call(request, cpu_s=cpu_s, wall_s=3 * cpu_s)
         except ParserFailed as e:
             if e.limit:
                 raise DatasetTooLarge(f"the upload {e.why}") from e
@@ -374,7 +388,7 @@ class Parsers:
         or when every child is busy."""
         request = Frame(
             {"op": "images", "shape": list(shape), "invert": invert, "fit": fit,
-             "sizes": [len(f) for f in files], "cpu_s": IMAGE_CPU_S * len(files)},
+             "sizes": [len(f) for f in files]},
             b"".join(files),
         )  # fmt: skip
 
@@ -383,13 +397,15 @@ class Parsers:
 
         wall_s = IMAGE_WALL_S + IMAGE_CPU_S * len(files)
         try:
-            reply = self.image_pool.call(request, wall_s=wall_s, on_reserve=reserve)
+            reply = self.image_pool.call(
+                request, cpu_s=IMAGE_CPU_S * len(files), wall_s=wall_s, on_reserve=reserve
+            )
         except ParserFailed as e:
             return [e.why] * len(files)
         except Refused as e:
             raise _refusal(e, ImageRejected) from e
         except PoolBusy as e:
-            raise DecodeBusy(f"{e}: retry shortly") from e
+            raise DecodeBusy(f"{e} decoding images (predict_parsers)") from e
         return _decoded(reply, len(files), shape)
 
 

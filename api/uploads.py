@@ -39,7 +39,7 @@ def parse_upload(
         if is_tar(data):
             members, skipped = tar_members(data)
             return photo_set(members, skipped, len(data), max_images, options)
-    except (InvalidDataset, DatasetTooLarge):
+    except (InvalidDataset, DatasetTooLarge, MemoryError):
         raise
     except Exception as e:  # BadZipFile, unsupported compression, encrypted members, zlib...
         raise InvalidDataset(f"the file could not be read: {type(e).__name__}: {e}") from e

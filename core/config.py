@@ -117,9 +117,12 @@ class Settings(BaseSettings):
     upload_parser_cpu_s: float = Field(
         30.0,
         gt=0,
-        description="CPU seconds the child reading one upload may use, plus 1 s per MiB of "
-        "the upload (3 times as many seconds on the clock); an upload that needs more is "
-        "refused with 413 and frees its slot.",
+        description="CPU seconds the child reading one upload may use, plus "
+        "upload_parser_cpu_s_per_mib for each MiB of the upload (3 times as many seconds on "
+        "the clock); an upload that needs more is refused with 413 and frees its slot.",
+    )
+    upload_parser_cpu_s_per_mib: float = Field(
+        1.0, ge=0, description="CPU seconds an upload's child may use for each MiB it reads."
     )
     predict_parsers: int = Field(
         2,
@@ -245,6 +248,14 @@ class Settings(BaseSettings):
         description="A webhook delivery (connect, send, the answer's first few KiB) ends "
         "within this long, or fails and is retried. A delivery whose dispatcher died is "
         "taken again six times this long after it was taken (its lease).",
+    )
+    webhook_max_in_flight_per_endpoint: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="Webhook deliveries under way to one endpoint at once, across every "
+        "dispatcher: a receiver that hangs holds this many, and no other endpoint waits for "
+        "it. At 1, an endpoint's events are sent one after the other, oldest first.",
     )
 
     @field_validator("data_dir")

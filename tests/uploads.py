@@ -97,3 +97,70 @@ def many_chunks_png(chunks: int, kind: bytes = b"IDAT") -> bytes:
     else:  # the others before the pixels, where Pillow reads them with the header
         parts = [png_chunk(kind, b"")] * (chunks - 2 - len(parts)) + parts
     return data[:8] + png_chunk(b"IHDR", ihdr) + b"".join(parts) + png_chunk(b"IEND", b"")
+
+
+# ---------------------------------------------------------------------------- hostile archives
+
+
+def bz2_tar_bomb(expanded: int = 64 << 20) -> bytes:
+    """A .tar.bz2 of one member of `expanded` zero bytes: a few hundred bytes that bzip2
+    expands a whole block at a time, whatever its reader asked for."""
+    import bz2
+    import tarfile
+
+    info = tarfile.TarInfo("a/0.png")
+    info.size = expanded
+    head = info.tobuf(format=tarfile.GNU_FORMAT)
+    packer = bz2.BZ2Compressor(9)
+    out = [packer.compress(head)]
+    zeros = bytes(16 << 20)
+    for _ in range(expanded // len(zeros)):
+        out.append(packer.compress(zeros))
+    return b"".join(out) + packer.flush()
+
+
+def lying_bz2_zip(expanded: int = 64 << 20) -> bytes:
+    """A zip of class folders whose one large member is bzip2 of `expanded` zero bytes and
+    declares 100: a reader that trusts the directory's size expands it all at once."""
+    blob = bytearray(zip_bytes({"a/0.png": bytes(expanded), "b/0.png": b"x"},
+                               compression=zipfile.ZIP_BZIP2))  # fmt: skip
+    for signature, at in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
+        where = blob.index(signature)
+        blob[where + at : where + at + 4] = (100).to_bytes(4, "little")  # uncompressed size
+    return bytes(blob)
+
+
+def old_gnu_sparse_tar(blocks: int = 600) -> bytes:
+    """An old GNU tar whose one member is sparse (type S) with `blocks` extension blocks
+    chained after its header: tarfile reads the whole chain, copying its map each block,
+    before any check of its reader's can see the member."""
+    import tarfile
+
+    info = tarfile.TarInfo("a/0.png")
+    info.type = tarfile.GNUTYPE_SPARSE
+    head = bytearray(info.tobuf(format=tarfile.GNU_FORMAT))
+    head[482] = 1  # isextended: an extension block follows
+    head[148:156] = b" " * 8
+    head[148:155] = f"{sum(head):06o}\0".encode()
+    entry = b"%011o\0%011o\0" % (512, 512)  # one (offset, size) pair of the map
+    block = bytearray(entry * 21 + bytes(8))
+    block[504] = 1  # another block follows
+    last = bytearray(block)
+    last[504] = 0
+    return bytes(head) + bytes(block) * (blocks - 1) + bytes(last) + bytes(1024)
+
+
+def pax_sparse_tar() -> bytes:
+    """A pax tar whose member is GNU sparse 1.0: its map is read from the member's data,
+    a number a line, as long as the first line says."""
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        info = tarfile.TarInfo("a/0.png")
+        info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
+                            "GNU.sparse.name": "a/0.png", "GNU.sparse.realsize": "1000000"}  # fmt: skip
+        data = b"99999999\n" + b"1\n" * 4000
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

@@ -1,0 +1,151 @@
+"""The parser children (api.parsers) hold their limits, and a child that overran one, died
+or stopped costs that request alone: its pool hands the next request to a fresh child.
+Real child processes, real files."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+from api.images import DecodeBudget
+from api.parser_wire import Frame
+from api.parsers import Limits, ParserFailed, ParserPool, Parsers
+from core.config import Settings
+
+SMALL = Limits(memory=1 << 30, cpu_s=5, wall_s=20)
+
+
+def npz(n: int) -> bytes:
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    np.savez(buf, x_train=rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
+             y_train=rng.integers(0, 10, n), x_test=rng.integers(0, 256, (n // 9, 28, 28),
+             dtype=np.uint8), y_test=rng.integers(0, 10, n // 9))  # fmt: skip
+    return buf.getvalue()
+
+
+def png(side: int, mode: str = "L") -> bytes:
+    img = Image.new(mode, (side, side))
+    ImageDraw.Draw(img).rectangle((side // 4, side // 4, side // 2, side // 2), fill=255)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def decode(pool: ParserPool, files: list[bytes]) -> list[bytes | str]:
+    parsers = Parsers(Settings())
+    parsers.image_pool.close()
+    parsers.image_pool = pool
+    return parsers.images(files, (1, 28, 28), False, DecodeBudget(256 << 20).for_key("a"), None)
+
+
+@pytest.fixture
+def pool() -> Iterator[ParserPool]:
+    p = ParserPool("test", 1, SMALL)
+    yield p
+    p.close()
+
+
+def only_child(pool: ParserPool) -> int:
+    pool.warm(1)
+    [child] = pool._idle
+    return child.proc.pid
+
+
+def test_a_child_decodes_and_is_kept_warm_for_the_next_request(pool: ParserPool) -> None:
+    pid = only_child(pool)
+    first = decode(pool, [png(56)])
+    assert isinstance(first[0], bytes) and len(first[0]) == 28 * 28
+    assert decode(pool, [png(40), b"no image"])[1] == "not a PNG or JPEG image"
+    assert only_child(pool) == pid  # a refusal on purpose leaves the child sound
+
+
+def test_a_child_out_of_memory_costs_its_request_and_a_fresh_child_takes_the_next() -> None:
+    """An .npz of 90,000 noise digits: some 80 MiB that a parse holds a few times over."""
+    pool = ParserPool("test", 1, Limits(memory=384 << 20, cpu_s=60, wall_s=180))
+    try:
+        pid = only_child(pool)
+        request = Frame({"op": "upload", "max_images": 200_000, "options": {}}, npz(90_000))
+        with pytest.raises(ParserFailed, match="needs more than 384 MiB of memory to read"):
+            pool.call(request)
+        assert isinstance(decode(pool, [png(28)])[0], bytes)
+        assert only_child(pool) != pid
+    finally:
+        pool.close()
+
+
+def test_a_stopped_child_is_killed_at_the_requests_deadline(pool: ParserPool) -> None:
+    pid = only_child(pool)
+    os.kill(pid, signal.SIGSTOP)
+    request = Frame({"op": "images", "shape": [1, 28, 28], "invert": False, "sizes": [0]})
+    with pytest.raises(ParserFailed, match=r"took over 1 s to read") as failed:
+        pool.call(request, wall_s=1)
+    assert failed.value.limit
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+    assert isinstance(decode(pool, [png(28)])[0], bytes)
+
+
+def test_a_child_over_its_cpu_seconds_is_ended_by_the_kernel(pool: ParserPool) -> None:
+    """Sixteen progressive JPEGs of noise: some 0.2 CPU seconds each, past a budget of 0.1
+    (the kernel's limit is whole seconds: the child gets one more than its budget)."""
+    noise = Image.frombytes("L", (1024, 1024), os.urandom(1 << 20)).resize((2800, 2800))
+    buf = io.BytesIO()
+    noise.convert("RGB").save(buf, format="JPEG", progressive=True, quality=95, subsampling=0)
+    files = [buf.getvalue()] * 16
+    request = Frame(
+        {"op": "images", "shape": [1, 28, 28], "invert": False, "sizes": [len(f) for f in files]},
+        b"".join(files),
+    )
+    with pytest.raises(ParserFailed, match=r"took over 0.1 CPU seconds") as failed:
+        pool.call(request, cpu_s=0.1, wall_s=120, on_reserve=lambda size, held: None)
+    assert failed.value.limit
+
+
+def test_a_child_killed_while_idle_is_never_handed_a_request(pool: ParserPool) -> None:
+    pid = only_child(pool)
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    assert isinstance(decode(pool, [png(28)])[0], bytes)
+    assert only_child(pool) != pid
+
+
+def test_a_child_has_no_network_and_a_folder_of_its_own(pool: ParserPool) -> None:
+    pid = only_child(pool)
+    [child] = pool._idle
+    assert child.network == "namespace" or child.network == "sockets refused"
+    if child.network == "namespace":
+        assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    home = Path(os.readlink(f"/proc/{pid}/cwd"))
+    assert home == Path(child.home) and home.name.startswith("trainq-parser-")
+    pool.close()
+    assert not home.exists()
+
+
+def test_a_child_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """The API killed with -9: its children are not left behind."""
+    import subprocess
+    import sys
+
+    script = (
+        "from api.parsers import ParserPool, Limits;import sys;"
+        "p=ParserPool('t',1,Limits(1<<30,5,20));p.warm(1);"
+        "print(p._idle[0].proc.pid,flush=True);sys.stdin.read()"
+    )
+    with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as parent:  # fmt: skip
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        parent.kill()
+    for _ in range(300):
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists()
