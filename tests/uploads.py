@@ -158,8 +158,12 @@ def pax_sparse_tar() -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
         info = tarfile.TarInfo("a/0.png")
-        info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
-                            "GNU.sparse.name": "a/0.png", "GNU.sparse.realsize": "1000000"}  # fmt: skip
+        info.pax_headers = {
+            "GNU.sparse.major": "1",
+            "GNU.sparse.minor": "0",
+            "GNU.sparse.name": "a/0.png",
+            "GNU.sparse.realsize": "1000000",
+        }
         data = b"99999999\n" + b"1\n" * 4000
         info.size = len(data)
         tf.addfile(info, io.BytesIO(data))
