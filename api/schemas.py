@@ -211,6 +211,7 @@ class WorkerOut(BaseModel):
 class Health(BaseModel):
     status: str = Field(description="ok, or degraded when the database or Redis is away.")
     database: bool
+    database_problem: str | None = None  # why the database is away; None where it is not
     redis: bool
     redis_problem: str | None = None  # why Redis is away; None where it is not
     queue_depth: int | None

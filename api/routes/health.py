@@ -5,7 +5,11 @@ second per process. See docs/operations.md."""
 from __future__ import annotations
 
 import logging
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
 from itertools import islice
+from typing import TypeVar
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
@@ -18,10 +22,14 @@ from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 from sqlalchemy.orm import Session
 
-from api.deps import HealthCacheDep, OptionalCallerDep, ReaderDep, RedisDep, SettingsDep
+from api.deps import DatabaseDep, HealthCacheDep, OptionalCallerDep, RedisDep, SettingsDep
 from api.errors import RETRY_AFTER_S
+from api.health_cache import HealthCache
 from api.schemas import Health, VersionsOut, WorkerOut
+from api.services.webhooks import delivery_seen
+from api.webhook_schemas import DeliveryStateOut
 from core.config import Settings
+from core.db import Database
 from core.queue import job_id_of, job_queue
 from core.redis_client import wrong_type
 from core.schema import database_revision
@@ -30,19 +38,28 @@ from core.versions import FIELDS, Versions, running_versions
 
 log = logging.getLogger("trainq.api")
 router = APIRouter(tags=["health"])
+T = TypeVar("T")
 
 PROBE_KEY = "trainq:health-probe"  # written by each probe; it expires at once
 PROBE_TTL_MS = 2000
+# The longest a probe waits for the database, and for Redis (at once), whatever they do: an
+# orchestrator's probe gives up after a second or so (Kubernetes' default: 1 s).
+PROBE_WAIT_S = 1.0
 
 
 class HealthOut(BaseModel):
     status: str = Field(description="ok, or degraded (503) when the database or Redis is away.")
     database: bool
+    database_problem: str | None = Field(
+        None,
+        description="Why the database counts as away: it fails, or it did not answer within "
+        "the probe's wait.",
+    )
     redis: bool
     redis_problem: str | None = Field(
         None,
-        description="Why Redis counts as away: it does not answer, or it refuses writes "
-        "(full, MISCONF, read-only).",
+        description="Why Redis counts as away: it does not answer (within the probe's wait), "
+        "or it refuses writes (full, MISCONF, read-only).",
     )
     queue_depth: int | None = Field(
         description="Entries on the queue a worker will run (not those of jobs canceled "
@@ -65,6 +82,12 @@ class HealthOut(BaseModel):
         "knows. A worker that cannot read a job hands it back for one that can "
         "(worker_version_skew once they all fail to).",
     )
+    webhooks: DeliveryStateOut | None = Field(
+        None,
+        description="Webhook delivery: paused, or degraded when no dispatcher finished a pass "
+        "in 30 s (dead or stuck); it leaves `status` and the answer's code alone. Null while "
+        "the database is away or slow.",
+    )
 
 
 @router.get(
@@ -75,19 +98,20 @@ class HealthOut(BaseModel):
 )
 def health(
     response: Response,
-    session: ReaderDep,
+    db: DatabaseDep,
     r: RedisDep,
     settings: SettingsDep,
     cache: HealthCacheDep,
     caller: OptionalCallerDep,
 ) -> HealthOut:
-    seen = cache.get(lambda: _probe(session, r, settings))
+    seen = cache.get(lambda: _probe(cache, db, r, settings))
     if not (seen.database and seen.redis):
         response.status_code = 503
         response.headers["Retry-After"] = RETRY_AFTER_S
     out = HealthOut(
         status=seen.status,
         database=seen.database,
+        database_problem=seen.database_problem,
         redis=seen.redis,
         redis_problem=seen.redis_problem,
         queue_depth=seen.queue_depth,
@@ -98,7 +122,22 @@ def health(
         out.workers = seen.workers
         out.database_schema = seen.database_schema
         out.versions, out.version_skew = _versions_seen(seen)
+    out.webhooks = _webhook_delivery(cache, db) if seen.database else None
     return out
+
+
+WEBHOOKS_WAIT_S = 0.25  # a one-row read: longer means the database is stalling
+
+
+def _webhook_delivery(cache: HealthCache, db: Database) -> DeliveryStateOut | None:
+    """Webhook delivery's state (api.services.webhooks.delivery_seen), read in a thread of its
+    own (one at a time: HealthCache.part) and waited for only briefly; None if it is slow."""
+    read = cache.part("webhooks", lambda: delivery_seen(db))
+    try:
+        return read.result(timeout=WEBHOOKS_WAIT_S)
+    except Exception as e:  # slow or failing: the probe tells of the database itself
+        log.warning("health: webhook delivery's state was not read: %r", e)
+        return None
 
 
 def _versions_seen(seen: Health) -> tuple[list[VersionsOut], bool]:
@@ -145,47 +184,145 @@ def registered_workers(q: Queue) -> list[BaseWorker]:
     return workers
 
 
-def _probe(session: Session, r: Redis, settings: Settings) -> Health:
-    schema: str | None = None
-    try:
-        schema = database_revision(session.connection())
-        db_ok = True
-    except Exception:
-        db_ok = False
-    depth: int | None = None
-    workers: list[WorkerOut] = []
-    problem: str | None = None
-    try:
-        r.set(PROBE_KEY, b"1", px=PROBE_TTL_MS)  # reads alone pass while writes are refused
-        q = job_queue(r, settings.queue)
-        depth = queue_depth(q, session) if db_ok else None  # which entries wait: their rows
-        found = registered_workers(q)
-        for w, versions in zip(found, _registered_versions(r, found), strict=True):
-            workers.append(
-                WorkerOut(
-                    name=w.name,
-                    state=str(w.get_state()),
-                    current_job=w.get_current_job_id(),
-                    versions=versions,
-                )
-            )
-        redis_ok = True
-    except RedisError as e:  # only that is Redis away; anything else is a fault, and answers 500
-        redis_ok = False
-        problem = redis_problem(e)
-        log.warning("health: Redis is away: %s (%s)", problem, e)
+@dataclass(frozen=True)
+class Listed:
+    """The head of the queue (DEPTH_READ_MAX entries at most) and its whole length."""
+
+    entries: list[bytes]
+    total: int
+
+    def job_ids(self) -> set[str]:
+        return {i for i in map(job_id_of, self.entries) if i is not None}
+
+    def depth(self, accepted: dict[str, str | None]) -> int:
+        """The entries a worker will run, given the entry each listed job's claim accepts
+        (core.store.accepted_entries): every entry past the head counts."""
+        return self.total - sum(1 for e in self.entries if not _will_run(e, accepted))
+
+
+def _will_run(entry: bytes, accepted: dict[str, str | None]) -> bool:
+    job_id = job_id_of(entry)
+    if job_id is None:
+        return False
+    return job_id not in accepted or accepted[job_id] == entry.decode()
+
+
+@dataclass(frozen=True)
+class RedisSeen:
+    listed: Listed | None  # None: the queue's key holds no list
+    workers: list[WorkerOut]
+
+
+@dataclass(frozen=True)
+class DatabaseSeen:
+    schema: str | None
+
+
+def _probe(cache: HealthCache, db: Database, r: Redis, settings: Settings) -> Health:
+    """Redis and the database, read at once in threads of their own and each waited for
+    PROBE_WAIT_S at most, then the rows of the jobs Redis listed (for the queue's depth),
+    waited for as long again: a server that stalls is away within 2 x PROBE_WAIT_S, and its
+    read, still stuck, is not started again by the next probe (HealthCache.part)."""
+    deadline = time.monotonic() + PROBE_WAIT_S
+    redis_read = cache.part("redis", lambda: _read_redis(r, settings))
+    db_read = cache.part("database", lambda: _read_database(db))
+    redis_seen, problem = _redis_answer(redis_read, deadline)
+    answer = _database_answer(
+        db_read, deadline
+    )  # unpacked apart: mypy would infer T from the targets
+    db_seen, db_problem = answer
+    depth = None
+    if redis_seen and redis_seen.listed and db_seen:
+        listed = redis_seen.listed
+        rows_read = cache.part("queue rows", lambda: _depth(db, listed))
+        counted = _database_answer(rows_read, time.monotonic() + PROBE_WAIT_S)
+        depth, db_problem = counted
+    db_ok = db_seen is not None and db_problem is None
     return Health(
-        status="ok" if db_ok and redis_ok else "degraded",
+        status="ok" if db_ok and redis_seen else "degraded",
         database=db_ok,
-        redis=redis_ok,
+        database_problem=db_problem,
+        redis=redis_seen is not None,
         redis_problem=problem,
         queue_depth=depth,
-        workers=sorted(workers, key=lambda w: w.name),
-        database_schema=schema,
+        workers=redis_seen.workers if redis_seen else [],
+        database_schema=db_seen.schema if db_seen else None,
     )
 
 
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def _redis_answer(read: Future[RedisSeen], deadline: float) -> tuple[RedisSeen | None, str | None]:
+    """What Redis's read saw, or why Redis is away. Only a Redis error or the wait running
+    out is Redis away; anything else is a fault, and answers 500."""
+    try:
+        return read.result(timeout=_left(deadline)), None
+    except TimeoutError:
+        problem = f"Redis did not answer within {PROBE_WAIT_S:g} s"
+    except RedisError as e:
+        problem = redis_problem(e)
+    log.warning("health: Redis is away: %s", problem)
+    return None, problem
+
+
+def _database_answer(read: Future[T], deadline: float) -> tuple[T | None, str | None]:
+    """What a read of the database returned, or why the database is away: any failure (the
+    error is logged, not shown: /health needs no key) or the wait running out."""
+    try:
+        return read.result(timeout=_left(deadline)), None
+    except TimeoutError:
+        problem = f"the database did not answer within {PROBE_WAIT_S:g} s"
+    except Exception as e:
+        problem = "the database failed the probe"
+        log.warning("health: the database failed the probe: %s", e)
+    return None, problem
+
+
+def _read_redis(r: Redis, settings: Settings) -> RedisSeen:
+    r.set(PROBE_KEY, b"1", px=PROBE_TTL_MS)  # reads alone pass while writes are refused
+    q = job_queue(r, settings.queue)
+    listed = listed_entries(q)
+    found = registered_workers(q)
+    workers = [
+        WorkerOut(
+            name=w.name,
+            state=str(w.get_state()),
+            current_job=w.get_current_job_id(),
+            versions=versions,
+        )
+        for w, versions in zip(found, _registered_versions(r, found), strict=True)
+    ]
+    return RedisSeen(listed, sorted(workers, key=lambda w: w.name))
+
+
+def _read_database(db: Database) -> DatabaseSeen:
+    with db.reader() as s:
+        return DatabaseSeen(database_revision(s.connection()))
+
+
+def _depth(db: Database, listed: Listed) -> int:
+    with db.reader() as s:
+        return listed.depth(accepted_entries(s, job_ids=listed.job_ids()))
+
+
 DEPTH_READ_MAX = 10_000  # entries a probe reads; those past them count as waiting
+
+
+def listed_entries(q: Queue) -> Listed | None:
+    """The queue's head; None when the queue's key holds no list (written by anyone who can
+    write to Redis; the next worker to start deletes it): a fault of that key, not Redis
+    away."""
+    try:
+        entries: list[bytes] = q.connection.lrange(q.key, 0, DEPTH_READ_MAX - 1)  # type: ignore[assignment]
+        total = q.count if len(entries) == DEPTH_READ_MAX else len(entries)
+    except ResponseError as e:
+        if not wrong_type(e):
+            raise
+        log.warning("health: the queue's key %s holds no list", q.key)
+        return None
+    return Listed(entries, total)
 
 
 def queue_depth(q: Queue, s: Session) -> int | None:
@@ -193,26 +330,11 @@ def queue_depth(q: Queue, s: Session) -> int | None:
     accepts, or a direct entry (its row is written as a worker admits it). An entry whose
     job was canceled or requeued under another entry after it was queued stays on the queue
     until a worker takes and skips it, and one naming no job is dropped: neither counts.
-    None when the queue's key holds no list (written by anyone who can write to Redis; the
-    next worker to start deletes it): a fault of that key, not Redis away."""
-    try:
-        listed: list[bytes] = q.connection.lrange(q.key, 0, DEPTH_READ_MAX - 1)  # type: ignore[assignment]
-        total = q.count if len(listed) == DEPTH_READ_MAX else len(listed)
-    except ResponseError as e:
-        if not wrong_type(e):
-            raise
-        log.warning("health: the queue's key %s holds no list", q.key)
+    None when the queue's key holds no list (listed_entries)."""
+    listed = listed_entries(q)
+    if listed is None:
         return None
-    ids = {entry: job_id_of(entry) for entry in listed}
-    accepted = accepted_entries(s, job_ids={i for i in ids.values() if i is not None})
-    skipped = sum(1 for entry in listed if not _will_run(entry, ids[entry], accepted))
-    return total - skipped
-
-
-def _will_run(entry: bytes, job_id: str | None, accepted: dict[str, str | None]) -> bool:
-    if job_id is None:
-        return False
-    return job_id not in accepted or accepted[job_id] == entry.decode()
+    return listed.depth(accepted_entries(s, job_ids=listed.job_ids()))
 
 
 def redis_problem(e: RedisError) -> str:
