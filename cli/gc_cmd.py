@@ -1,5 +1,6 @@
-"""`trainq gc`: the retention policy's purge (core.retention), run to the end or reported.
-See docs/jobs.md ("Retention and deletion")."""
+"""`trainq gc`: the retention policy's purge (core.retention), run to the end or reported,
+and on SQLite the space it freed given back to the disk (core.db.sqlite.reclaim_space).
+See docs/jobs.md ("Retention and deletion") and docs/operations.md ("Reclaiming disk")."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 
 from core.config import Settings
 from core.db import Database
+from core.db.sqlite import FileSpace, reclaim_space
 from core.retention import KINDS, Footprint, collect, kept_registered, plan
 
 
@@ -23,17 +25,36 @@ def gc_command(args: argparse.Namespace) -> int:
         return 2
     db = Database.from_settings(settings)
     try:
+        space = None
         if args.dry_run:
             footprint = plan(db, older_than_days=days)
         else:
             footprint = collect(db, older_than_days=days, batch=settings.retention_batch)
         kept = kept_registered(db, older_than_days=days)
+        if not args.dry_run and db.engine.dialect.name == "sqlite":
+            space = reclaim_space(db.engine, full=args.vacuum)
     finally:
         db.dispose()
     print(report(footprint, days, dry_run=args.dry_run))
     if kept:
         print(f"kept {kept} jobs as old whose models are registered versions (docs/registry.md)")
+    if space is not None:
+        print(disk_report(space))
     return 0
+
+
+def disk_report(space: FileSpace) -> str:
+    """What the disk got back, measured on the file and its log, not counted from rows."""
+    lines = [
+        f"database file and log: {space.before} bytes before, {space.after} after "
+        f"({space.before - space.after} given back to the disk)"
+    ]
+    if space.free_left:
+        lines.append(
+            f"{space.free_left} bytes of free pages stay in the file: it was created before "
+            "trainq gave free pages back; stop the service and run `trainq gc --vacuum` once"
+        )
+    return "\n".join(lines)
 
 
 def report(f: Footprint, days: float, *, dry_run: bool) -> str:

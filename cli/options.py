@@ -293,6 +293,12 @@ def gc_options(p: argparse.ArgumentParser) -> None:
         help="purge jobs that ended more than N days ago (default TRAINQ_RETENTION_DAYS)",
     )
     p.add_argument("--dry-run", action="store_true", help="print what would go; change nothing")
+    p.add_argument(
+        "--vacuum",
+        action="store_true",
+        help="SQLite: rewrite the file once (VACUUM) to give back the space of a database "
+        "created before trainq freed pages incrementally; stop the service first",
+    )
 
 
 def sweep_options(p: argparse.ArgumentParser) -> None:

@@ -27,6 +27,7 @@ from core.db import (
     db_ago,
     db_now,
 )
+from core.db.sqlite import free_pages
 from core.quotas import orphaned_attempt_times, spent_attempt_times
 from core.store.deletion import ENDED, hold_job_id
 from core.store.registry import registered
@@ -204,6 +205,8 @@ def retention_pass(db: Database, settings: Settings) -> None:
             gone = purge_batch(
                 db, older_than_days=settings.retention_days, limit=settings.retention_batch
             )
+        if (swept or gone.jobs) and db.engine.dialect.name == "sqlite":
+            free_pages(db.engine)  # else the file keeps its size, its pages free inside it
     except SQLAlchemyError as e:
         log.warning("retention pass skipped (%s); the next one tries again", e)
         return

@@ -1,13 +1,16 @@
 """SQLite engines: WAL, a busy timeout, writers that take turns (BEGIN IMMEDIATE behind a
-per-process lock) and read-only sessions that never wait, and a log that gives its space
-back after a full disk. See docs/operations.md."""
+per-process lock) and read-only sessions that never wait, a log that gives its space back
+after a full disk, and the free pages of the file given back to the disk (reclaim_space).
+See docs/operations.md."""
 
 from __future__ import annotations
 
 import logging
 import sqlite3
 import threading
-from contextlib import suppress
+from contextlib import closing, suppress
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event
@@ -61,6 +64,9 @@ class _Hooks:
     def on_connect(self, dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # let us issue BEGIN ourselves
         cur = dbapi_conn.cursor()
+        # First, before WAL writes the file's header: a new database then frees pages
+        # incrementally (reclaim_space); an older one only after its next VACUUM.
+        cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
@@ -143,3 +149,71 @@ class _WriterLock:
     def release(self, info: dict[str, Any]) -> None:
         if info.pop("writer", False):
             self._lock.release()
+
+
+INCREMENTAL = 2  # PRAGMA auto_vacuum's answer for INCREMENTAL (0: none, 1: full)
+# Free pages an incremental vacuum gives back in one write transaction: a few MiB, so that
+# the service's writers wait for one step at most, never for the whole file.
+PAGES_PER_STEP = 2048
+
+
+@dataclass(frozen=True)
+class FileSpace:
+    """What the disk got back: the database file and its log, in bytes, before and after,
+    and the free pages left inside the file (an older database not vacuumed yet)."""
+
+    before: int
+    after: int
+    free_left: int
+    vacuumed: bool  # a full VACUUM rewrote the file
+
+
+def reclaim_space(engine: Engine, *, full: bool = False) -> FileSpace:
+    """Give the file's free pages back to the disk, then checkpoint the log and truncate it.
+    A database that frees pages incrementally does it a step at a time while the service
+    runs; an older one (auto_vacuum none) only through one full VACUUM (`full`), which
+    rewrites the file, takes the write lock for its whole length and turns incremental
+    freeing on: its pages stay in the file otherwise, and free_left says how many bytes."""
+    path = Path(engine.url.database or "")
+    before = file_bytes(path)
+    raw = engine.raw_connection()
+    try:
+        with closing(raw.cursor()) as cur:
+            vacuumed = False
+            if _scalar(cur, "PRAGMA auto_vacuum") != INCREMENTAL and full:
+                cur.execute("VACUUM")  # the pending auto_vacuum=INCREMENTAL takes effect
+                vacuumed = True
+            _free_pages(cur)
+            free_left = _scalar(cur, "PRAGMA freelist_count") * _scalar(cur, "PRAGMA page_size")
+            cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    finally:
+        raw.close()
+    return FileSpace(before, file_bytes(path), free_left, vacuumed)
+
+
+def free_pages(engine: Engine) -> None:
+    """The file's free pages given back to the disk, a step at a time (the retention pass's,
+    after a purge); nothing on a database that does not free pages incrementally."""
+    raw = engine.raw_connection()
+    try:
+        with closing(raw.cursor()) as cur:
+            _free_pages(cur)
+    finally:
+        raw.close()
+
+
+def _free_pages(cur: Any) -> None:
+    if _scalar(cur, "PRAGMA auto_vacuum") != INCREMENTAL:
+        return
+    while _scalar(cur, "PRAGMA freelist_count"):
+        # Each freed page is a row of the answer: read them all, or one page alone goes.
+        cur.execute(f"PRAGMA incremental_vacuum({PAGES_PER_STEP})").fetchall()
+
+
+def file_bytes(path: Path) -> int:
+    """The bytes a SQLite database takes on disk: its file and its write-ahead log."""
+    return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+
+
+def _scalar(cur: Any, sql: str) -> int:
+    return int(cur.execute(sql).fetchone()[0])
