@@ -70,6 +70,7 @@ STATUS: dict[type[TrainqError], int] = {
     Unavailable: 503,
 }
 RETRY_AFTER_S = "5"
+MAX_ECHO = 200  # characters of a refused input a 422 sends back
 # A full Redis frees memory as streams of ended jobs expire, or when an operator acts:
 # seconds are not enough.
 FULL_RETRY_AFTER_S = "30"
@@ -101,7 +102,7 @@ def _install_bad_input(app: FastAPI) -> None:
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         """422 naming each field (`loc`), also when the input held NaN or Infinity, each
         message as a person reads it."""
-        problems = [_problem(request, error) for error in exc.errors()]
+        problems = [_echoed(_problem(request, error)) for error in exc.errors()]
         return JSONResponse({"detail": _json_safe(jsonable_encoder(problems))}, 422)
 
     @app.exception_handler(UnicodeEncodeError)
@@ -188,6 +189,20 @@ def named_refusal(exc: TrainqError) -> JSONResponse:
     detail: Any = exc.problems if isinstance(exc, InvalidRequest) else exc.message
     headers = {"Retry-After": RETRY_AFTER_S} if isinstance(exc, Unavailable) else None
     return JSONResponse({"detail": _json_safe(detail)}, status_code=status, headers=headers)
+
+
+def _echoed(problem: dict[str, Any]) -> dict[str, Any]:
+    """The problem with its `input` cut short: a refusal names what was wrong, it does not
+    send a long input back (a 200 KB name came back whole)."""
+    if "input" not in problem:
+        return problem
+    value = problem["input"]
+    if isinstance(value, str | bytes) and len(value) > MAX_ECHO:
+        return {**problem, "input": f"{value[:MAX_ECHO]!s}... ({len(value)} characters)"}
+    if isinstance(value, dict | list | tuple) and len(repr(value)) > 4 * MAX_ECHO:
+        kind = "an object" if isinstance(value, dict) else "an array"
+        return {**problem, "input": f"({kind} of {len(value)} items, not echoed)"}
+    return problem
 
 
 def _problem(request: Request, error: dict[str, Any]) -> dict[str, Any]:

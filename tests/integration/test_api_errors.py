@@ -366,3 +366,18 @@ def test_an_idempotency_key_with_a_c1_control_or_a_bidi_override_is_a_422(
     )
     assert r.status_code == 422, r.text
     assert ["header", "idempotency-key"] in [e["loc"] for e in r.json()["detail"]]
+
+
+def test_a_422_does_not_echo_a_long_input_whole(service: Service) -> None:
+    for name in ("x" * 200_000, "line\u2028" + "y" * 50_000):
+        r = httpx.post(
+            f"{service.url}/datasets",
+            headers=auth(service.keys[0]),
+            files={"file": ("a.npz", b"not read", "application/octet-stream")},
+            data={"name": name},
+        )
+        assert r.status_code == 422, r.text[:300]
+        [problem] = r.json()["detail"]
+        assert problem["loc"] == ["body", "name"]
+        assert len(r.content) < 2000, len(r.content)
+        assert problem["input"].endswith(f"... ({len(name)} characters)")

@@ -20,12 +20,23 @@ REFUSED = [
     "rlo\u202e",
     "lri\u2066",
     "pdi\u2069",
+    "lrm\u200e",  # bidi marks
+    "rlm\u200f",
+    "alm\u061c",
+    "line\u2028sep",  # line and paragraph separators: a newline by another name
+    "para\u2029",
+    "zw\u200bsp",  # invisible: two names that look the same would differ
+    "word\u2060joiner",
+    "\ufeffbom",
+    "soft\xadhyphen",
+    "mvs\u180e",
+    "anchor\ufff9",
 ]
 ALLOWED = ["plain", "café ÿ", "\xa0nbsp", "日本語", "emoji 🙂", "zwj\u200d", "‐dash\u2010"]
 
 
 @pytest.mark.parametrize("text", REFUSED)
-def test_control_and_bidi_characters_are_not_plain(text: str) -> None:
+def test_control_bidi_and_invisible_characters_are_not_plain(text: str) -> None:
     assert re.fullmatch(PLAIN_PATTERN, text) is None
     assert not is_plain(text)
 
