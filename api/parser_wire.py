@@ -25,8 +25,12 @@ class Frame:
     payload: bytes = field(default=b"", repr=False)
 
     def encode(self) -> bytes:
+        return self.encode_head() + self.payload
+
+    def encode_head(self) -> bytes:
+        """The frame but its payload, which may then be written as it is, not copied."""
         head = json.dumps(self.header, separators=(",", ":")).encode()
-        return _LENGTHS.pack(len(head), len(self.payload)) + head + self.payload
+        return _LENGTHS.pack(len(head), len(self.payload)) + head
 
     @staticmethod
     def read(read_exactly: Callable[[int], bytes], max_payload: int) -> Frame:

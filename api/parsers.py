@@ -56,6 +56,12 @@ class Limits:
     requests: int = 1000  # requests a child answers before a fresh one takes its place
 
 
+def wall_s(cpu_s: float) -> float:
+    """The clock's limit for a request of `cpu_s` CPU seconds: past the kernel's (whole
+    seconds, one more than asked: api.parser_child), thrice over, for a busy machine."""
+    return 3 * (max(cpu_s, 1.0) + 2)
+
+
 class ParserFailed(Exception):
     """The child ended, or was ended, before it answered: `why` says how, as a refusal's
     message reads it ("needs more than 2 GiB of memory to read")."""
@@ -116,7 +122,8 @@ class _Child:
     def exchange(self, request: Frame, deadline: float, on_reserve: OnReserve) -> Frame:
         """The child's answer to `request`, its reserve messages handled meanwhile."""
         with ExitStack() as held:
-            self._send(request.encode(), deadline)
+            self._send(request.encode_head(), deadline)
+            self._send(request.payload, deadline)
             while True:
                 reply = self._recv(deadline, MAX_REPLY)
                 if "release" in reply.header:
@@ -333,7 +340,7 @@ class Parsers:
             "upload",
             settings.max_parallel_uploads,
             Limits(settings.upload_parser_memory, settings.upload_parser_cpu_s,
-                   3 * settings.upload_parser_cpu_s, requests=100),
+                   wall_s(settings.upload_parser_cpu_s), requests=100),
         )  # fmt: skip
         self.upload_cpu_s_per_mib = settings.upload_parser_cpu_s_per_mib
         self.image_pool = ParserPool(
@@ -365,7 +372,7 @@ class Parsers:
             data,
         )  # fmt: skip
         try:
-            reply = self.upload_pool.call(request, cpu_s=cpu_s, wall_s=3 * cpu_s)
+            reply = self.upload_pool.call(request, cpu_s=cpu_s, wall_s=wall_s(cpu_s))
         except ParserFailed as e:
             if e.limit:
                 raise DatasetTooLarge(f"the upload {e.why}") from e
