@@ -3,8 +3,9 @@ a cursor, an idempotency key, a class folder's name): plain text of bounded leng
 NUL, no other C0 or C1 control character, no bidi embedding, override or mark, no line or
 paragraph separator and no invisible character (a zero-width space, a word joiner, a soft
 hyphen, the BOM), so that two names that look the same are the same (a 422 at the edge).
-The zero-width joiner and non-joiner stay: emoji and several scripts are spelled with them. The rule is a pattern, so that the OpenAPI document states it and pydantic enforces
-it everywhere; `is_plain` checks text that pydantic never sees. See docs/api.md ("What a
+The zero-width joiner and non-joiner stay: emoji and several scripts are spelled with them.
+The rule is a pattern, so that the OpenAPI document states it and pydantic enforces it
+everywhere; `is_plain` checks text that pydantic never sees. See docs/api.md ("What a
 client sends")."""
 
 from __future__ import annotations

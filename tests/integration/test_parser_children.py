@@ -58,9 +58,8 @@ def test_hostile_archives_are_refused_by_name_and_cost_the_api_nothing(tmp_path:
         alice = service.keys[0]
         assert upload(service, alice, npz(100)).status_code == 201  # the API warmed up
         for what, (_, why) in HOSTILE.items():
-            r, growth = peak_growth_mib(
-                service.api.pid, lambda: upload(service, alice, blobs[what])
-            )
+            blob = blobs[what]
+            r, growth = peak_growth_mib(service.api.pid, lambda: upload(service, alice, blob))  # noqa: B023
             assert r.status_code == 422, (what, r.text[:300])
             assert why in r.json()["detail"][0]["msg"], (what, r.text[:300])
             assert growth < 32, f"{what} raised the API's peak RSS by {growth} MiB"
