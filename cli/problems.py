@@ -57,14 +57,22 @@ def exit_code(e: Exception) -> int | None:
 
 
 def unreachable(e: httpx.TransportError) -> str:
-    """`cannot reach the API at http://host:port: connection refused`"""
+    """`cannot reach the API at http://host:port: connection refused` where no connection
+    was made; where one was and then ended (the API stopped mid-request, a proxy cut it),
+    that it was reached and gave no answer: the request may or may not have taken effect."""
     try:
         url = e.request.url
         where = f"{url.scheme}://{url.netloc.decode()}"
     except RuntimeError:  # an error raised before its request was made
         where = "its address"
     why = re.sub(r"^\[Errno -?\d+\] ", "", str(e)).strip() or type(e).__name__
-    return f"cannot reach the API at {where}: {why[:1].lower()}{why[1:]}"
+    why = f"{why[:1].lower()}{why[1:]}"
+    if isinstance(e, httpx.ConnectError | httpx.ConnectTimeout | httpx.UnsupportedProtocol):
+        return f"cannot reach the API at {where}: {why}"
+    what = "did not answer in time" if isinstance(e, httpx.TimeoutException) else (
+        "ended the connection before it answered (it may have stopped or restarted)"
+    )  # fmt: skip
+    return f"the API at {where} {what}: {why}; the request may or may not have taken effect"
 
 
 def refused(e: ApiError, what: str = "the request") -> int:

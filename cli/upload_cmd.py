@@ -9,14 +9,19 @@ import argparse
 import sys
 from typing import Any
 
+import httpx
 from tqdm import tqdm
 
 from cli.client_cmd import client
-from cli.problems import INTERRUPTED, INVALID, refused, shown
+from cli.problems import INTERRUPTED, INVALID, UNREACHABLE, refused, shown, unreachable
 from client.http import ApiError
 from client.uploads import NotAnUpload
 
 SPLITS = ("train", "val", "holdout")
+LOST_ANSWER = (
+    "trainq: the upload's answer was lost; a set the API had received whole may still be "
+    "stored (`GET /datasets` lists them)"
+)
 STOPPED = (
     "trainq: upload stopped; a set the API had received whole may still be stored "
     "(`GET /datasets` lists them)"
@@ -49,6 +54,12 @@ def upload_command(args: argparse.Namespace) -> int:
         except ApiError as e:
             bar.close()
             return refused(e, "the upload")
+        except httpx.TransportError as e:
+            bar.close()
+            print(f"trainq: {shown(unreachable(e))}", file=sys.stderr)
+            if not isinstance(e, httpx.ConnectError | httpx.ConnectTimeout):
+                print(LOST_ANSWER, file=sys.stderr)
+            return UNREACHABLE
         except KeyboardInterrupt:
             bar.close()
             print(STOPPED, file=sys.stderr)

@@ -5,7 +5,12 @@ command that talks to it prints one line and exits 69, the code `trainq --help` 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import contextlib
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +87,40 @@ def test_null_is_refused_where_the_field_cannot_be_null(trainq: Trainq) -> None:
     out = trainq("submit", "--epochs", "null", "--lr", "null")
     assert out.returncode == 2
     assert "epochs: " in out.stderr and "lr: " in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.fixture
+def cut_url() -> Iterator[str]:
+    """An API that takes the connection, reads a little of the request and dies (reset):
+    as an API killed in the middle of an upload does."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(10)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            conn.recv(4096)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    thread.join(10)
+    server.close()
+
+
+def test_an_api_that_dies_mid_upload_is_not_called_unreachable(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    cut_url: str,
+) -> None:
+    upload = tmp_path / "set.npz"
+    upload.write_bytes(bytes(4 << 20))
+    settings = {"TRAINQ_API_URL": cut_url, "TRAINQ_API_KEY": "a-key"}
+    ran = run_trainq(capsys, monkeypatch, ["data", "upload", str(upload), "--name", "s"], settings)
+    assert ran.returncode == 69, ran
+    assert "cannot reach" not in ran.stderr, ran.stderr
+    assert f"the API at {cut_url} ended the connection before it answered" in ran.stderr, ran.stderr
+    assert "may still be stored" in ran.stderr, ran.stderr
