@@ -133,6 +133,16 @@ COMMANDS = {
         options.gc_options,
         "cli.gc_cmd:gc_command",
     ),
+    "backup": Command(
+        "Copy a SQLite-backed trainq's database (online) and data folder files to a folder.",
+        options.backup_options,
+        "cli.backup_cmd:backup_command",
+    ),
+    "restore": Command(
+        "Put a backup back, checked first; webhook delivery paused. The service stopped.",
+        options.restore_options,
+        "cli.backup_cmd:restore_command",
+    ),
     "train": Command(
         "Train locally (no service): progress bar, model and run record out.",
         options.train_options,

@@ -301,6 +301,14 @@ def gc_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def backup_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dest", type=Path, help="a new folder for the backup")
+
+
+def restore_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", type=Path, help="a folder `trainq backup` made")
+
+
 def sweep_options(p: argparse.ArgumentParser) -> None:
     from cli.sweep_args import add_search_options
     from core.sweeps.spec import Metric, PrunerName, SamplerName

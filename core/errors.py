@@ -349,3 +349,17 @@ class ReadOnlyModel(TrainqError):
     """A write (register, move an alias, delete) to a model shared with this key read-only."""
 
     code = "read_only_model"
+
+
+class BackupRefused(TrainqError):
+    """`trainq backup` or `restore` that cannot run here: a database that is not SQLite
+    (PostgreSQL is backed up with its own tools), or a destination that holds a backup."""
+
+    code = "backup_refused"
+
+
+class BackupInvalid(TrainqError):
+    """A backup that failed its checks (SQLite's integrity check, a schema revision this
+    trainq knows): restore replaced nothing."""
+
+    code = "backup_invalid"
