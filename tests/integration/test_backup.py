@@ -28,7 +28,15 @@ from core.schema import database_revision, head_revision
 from core.webhooks.delivery_state import delivery_state
 from tests.db import migrated
 from tests.integration.test_retention import SHORT, TINY, ended_job
-from tests.service import REPO, RedisServer, Service, fresh_service, postgres_database, wait_until
+from tests.service import (
+    REPO,
+    STRICT,
+    RedisServer,
+    Service,
+    fresh_service,
+    postgres_database,
+    wait_until,
+)
 
 RUNNING = {**TINY, "epochs": 200}  # trains until canceled
 FAST = {"TRAINQ_RECONCILE_INTERVAL_S": "0.5", "TRAINQ_QUEUE_GRACE_S": "1"}
@@ -209,7 +217,10 @@ def test_postgresql_is_backed_up_and_restored_with_pg_dump_and_pg_restore(tmp_pa
     and models, into an empty database: every job and model byte for byte, at head."""
     for tool in ("pg_dump", "pg_restore"):
         if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed (apt-get install postgresql-client)")
+            missing = f"{tool} is not installed (apt-get install postgresql-client)"
+            if STRICT:
+                pytest.fail(missing)
+            pytest.skip(missing)
     dump = tmp_path / "trainq.dump"
     for source in postgres_database():
         with migrated(source) as db, db.writer() as s:

@@ -4,10 +4,7 @@ database created before pages were freed incrementally is rewritten once by `--v
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,32 +14,17 @@ from core.config import Settings
 from core.db import Database
 from core.retention import retention_pass
 from tests.db import migrated
-from tests.integration.test_retention import ended_job
-from tests.service import REPO
+from tests.integration.test_retention import ended_job, gc
 
 MODEL = 2**20
 JOBS = 16  # 16 MiB of models, purged
+PURGE = ("--older-than-days", "5")
 
 
 def sizes_line(out: str) -> tuple[int, int]:
     line = next(x for x in out.splitlines() if x.startswith("database file and log:"))
     words = line.split()
     return int(words[4]), int(words[7])
-
-
-def gc(path: Path, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINQ_")}
-    env["TRAINQ_DATABASE_URL"] = f"sqlite:///{path}"
-    out = subprocess.run(
-        [sys.executable, "-m", "cli", "gc", "--older-than-days", "5", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
-    return out.stdout
 
 
 def fill(db: Database) -> None:
@@ -87,7 +69,7 @@ def test_gc_gives_the_purged_bytes_back_to_the_disk_and_says_how_many(
     fill(db)
     db.dispose()
     full = checkpointed_bytes(path)
-    out = gc(path)
+    out = gc(db, *PURGE)
     before, after = sizes_line(out)
     assert before >= full and after == file_bytes(path), out
     assert full - after > (JOBS - 1) * MODEL, out  # the models' pages left the file
@@ -110,10 +92,10 @@ def test_an_older_database_is_told_to_vacuum_and_vacuum_gives_the_bytes_back(
     fill(db)
     db.dispose()
     full = checkpointed_bytes(path)
-    out = gc(path)
+    out = gc(db, *PURGE)
     assert "stay in the file" in out and "trainq gc --vacuum" in out, out
     assert full - checkpointed_bytes(path) < MODEL  # nothing came back without --vacuum
-    out = gc(path, "--vacuum")
+    out = gc(db, *PURGE, "--vacuum")
     before, after = sizes_line(out)
     assert before - after > (JOBS - 1) * MODEL and "stay in the file" not in out, out
     with sqlite3.connect(path) as c:
