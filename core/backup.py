@@ -142,9 +142,9 @@ def prepare(path: Path) -> None:
 
 
 def _remove_database(path: Path, *, keep_main: bool = False) -> None:
-    """A database's log and shared-memory files (and the file, unless `keep_main`): a log
-    left beside another file would be replayed into it."""
-    names = [f"{path.name}-wal", f"{path.name}-shm", f"{path.name}-journal"]
+    """A database's log, shared-memory and migration-lock files (and the file, unless
+    `keep_main`): a log left beside another file would be replayed into it."""
+    names = [f"{path.name}{end}" for end in ("-wal", "-shm", "-journal", ".migrate-lock")]
     for name in names if keep_main else [path.name, *names]:
         (path.parent / name).unlink(missing_ok=True)
 

@@ -162,6 +162,15 @@ def backed_up(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     yield data, tmp_path / "backup"
 
 
+def test_a_restore_leaves_nothing_of_its_own_behind(
+    backed_up: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, backup = backed_up
+    done = trainq("restore", str(backup), data_dir=tmp_path / "new")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["trainq.db", "up.lock"]
+
+
 def test_a_restore_refuses_while_trainq_up_holds_the_data_folder(
     backed_up: tuple[Path, Path],
 ) -> None:
