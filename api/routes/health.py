@@ -1,6 +1,7 @@
 """/health: no key needed; whether the database and Redis answer (503 with Retry-After when
 either is away or Redis refuses writes), the queue and the workers; probed at most once a
-second per process. See docs/operations.md."""
+second per process, each wait on the database or Redis bounded (PROBE_WAIT_S).
+See docs/operations.md."""
 
 from __future__ import annotations
 
@@ -227,9 +228,8 @@ def _probe(cache: HealthCache, db: Database, r: Redis, settings: Settings) -> He
     redis_read = cache.part("redis", lambda: _read_redis(r, settings))
     db_read = cache.part("database", lambda: _read_database(db))
     redis_seen, problem = _redis_answer(redis_read, deadline)
-    answer = _database_answer(
-        db_read, deadline
-    )  # unpacked apart: mypy would infer T from the targets
+    # Each answer unpacked apart: mypy would take T from the targets' types.
+    answer = _database_answer(db_read, deadline)
     db_seen, db_problem = answer
     depth = None
     if redis_seen and redis_seen.listed and db_seen:
