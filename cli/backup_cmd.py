@@ -17,7 +17,7 @@ def backup_command(args: argparse.Namespace) -> int:
 
     try:
         revision = backup(Settings(), args.dest)
-    except BackupRefused as e:
+    except (BackupRefused, BackupInvalid) as e:
         print(f"trainq backup: {e}", file=sys.stderr)
         return 2
     print(f"backed up to {args.dest} (schema revision {revision}, integrity checked)")

@@ -54,9 +54,12 @@ def backup(settings: Settings, dest: Path) -> str:
         raise BackupRefused(f"{dest} holds a backup already: name a new folder")
     dest.mkdir(parents=True, exist_ok=True)
     partial = dest / f"{DATABASE_FILE}.partial"
-    copy_database(source, partial)
-    revision = check(partial)
-    os.replace(partial, target)
+    try:
+        copy_database(source, partial)
+        revision = check(partial)
+        os.replace(partial, target)
+    finally:
+        _remove_database(partial)  # what a failed copy left
     _sync_folder(dest)
     for name in DATA_FILES:
         _copy_private(settings.data_dir / name, dest / name)
@@ -108,9 +111,9 @@ def check(path: Path) -> str:
         with contextlib.closing(sqlite3.connect(path)) as c:
             found = [row[0] for row in c.execute("PRAGMA integrity_check")]
     except sqlite3.DatabaseError as e:
-        raise BackupInvalid(f"{path.name} is no SQLite database SQLite can read: {e}") from e
+        raise BackupInvalid(f"the copy is no database SQLite can read: {e}") from e
     if found != ["ok"]:
-        raise BackupInvalid(f"{path.name} failed SQLite's integrity check: {found[:5]}")
+        raise BackupInvalid(f"the copy failed SQLite's integrity check: {found[:5]}")
     engine = create_engine(f"sqlite:///{path}")
     try:
         with engine.connect() as conn:
@@ -119,7 +122,7 @@ def check(path: Path) -> str:
         engine.dispose()
     if revision is None or revision not in known_revisions():
         raise BackupInvalid(
-            f"{path.name} is at schema revision {revision}, which this trainq does not know: "
+            f"the copy is at schema revision {revision}, which this trainq does not know: "
             "restore it with the trainq that made it, or a newer one"
         )
     return revision

@@ -192,9 +192,7 @@ def test_a_backup_that_fails_its_checks_replaces_nothing(
     data, backup = backed_up
     copy = backup / "trainq.db"
     if spoil == "pages":
-        raw = bytearray(copy.read_bytes())
-        raw[len(raw) // 2 : len(raw) // 2 + 4096] = b"\xff" * 4096  # a page in the middle
-        copy.write_bytes(bytes(raw))
+        spoil_a_page(copy)
     else:
         with sqlite3.connect(copy) as c:
             c.execute("UPDATE alembic_version SET version_num = 'from-a-newer-trainq'")
@@ -203,6 +201,22 @@ def test_a_backup_that_fails_its_checks_replaces_nothing(
     assert done.returncode == 2 and "nothing replaced" in done.stderr, done.stderr
     assert (data / "trainq.db").read_bytes() == held
     assert not [p.name for p in data.iterdir() if "restoring" in p.name]
+
+
+def spoil_a_page(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2 : len(raw) // 2 + 4096] = b"\xff" * 4096  # a page in the middle
+    path.write_bytes(bytes(raw))
+
+
+def test_a_backup_of_a_spoiled_database_fails_and_leaves_no_copy(
+    backed_up: tuple[Path, Path], tmp_path: Path
+) -> None:
+    data, _ = backed_up
+    spoil_a_page(data / "trainq.db")
+    done = trainq("backup", str(tmp_path / "again"), data_dir=data)
+    assert done.returncode == 2 and "SQLite" in done.stderr, done.stderr
+    assert list((tmp_path / "again").iterdir()) == []
 
 
 def test_backup_of_a_postgresql_database_names_pg_dump(tmp_path: Path) -> None:
