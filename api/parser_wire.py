@@ -22,7 +22,7 @@ class WireError(Exception):
 @dataclass(frozen=True)
 class Frame:
     header: dict[str, Any]
-    payload: bytes = field(default=b"", repr=False)
+    payload: bytes | bytearray = field(default=b"", repr=False)
 
     def encode(self) -> bytes:
         return self.encode_head() + self.payload
@@ -33,8 +33,14 @@ class Frame:
         return _LENGTHS.pack(len(head), len(self.payload)) + head
 
     @staticmethod
-    def read(read_exactly: Callable[[int], bytes], max_payload: int) -> Frame:
-        """The next frame, from `read_exactly(n)` (n bytes, or fewer only at the end)."""
+    def read(
+        read_exactly: Callable[[int], bytes],
+        max_payload: int,
+        read_into: Callable[[memoryview], None] | None = None,
+    ) -> Frame:
+        """The next frame, from `read_exactly(n)` (n bytes, or fewer only at the end); its
+        payload read by `read_into` into one buffer of its size, where given (no chunks
+        joined: a copy of a large payload). Anything that is not a frame is a WireError."""
         lengths = read_exactly(_LENGTHS.size)
         if len(lengths) != _LENGTHS.size:
             raise WireError("the stream ended between frames")
@@ -42,13 +48,25 @@ class Frame:
         if head_len > MAX_HEADER or payload_len > max_payload:
             raise WireError(f"a frame of {head_len} + {payload_len} bytes: past the bounds")
         head = read_exactly(head_len)
-        payload = read_exactly(payload_len) if payload_len else b""
-        if len(head) != head_len or len(payload) != payload_len:
+        if len(head) != head_len:
             raise WireError("the stream ended inside a frame")
-        try:
-            header = json.loads(head)
-        except ValueError as e:
-            raise WireError(f"a header that is not JSON: {e}") from e
-        if not isinstance(header, dict):
-            raise WireError("a header that is not a JSON object")
+        header = _header(head)
+        payload: bytes | bytearray = b""
+        if payload_len and read_into is not None:
+            payload = bytearray(payload_len)
+            read_into(memoryview(payload))
+        elif payload_len:
+            payload = read_exactly(payload_len)
+            if len(payload) != payload_len:
+                raise WireError("the stream ended inside a frame")
         return Frame(header, payload)
+
+
+def _header(head: bytes) -> dict[str, Any]:
+    try:
+        header = json.loads(head)
+    except (ValueError, RecursionError) as e:  # RecursionError: arrays nested past the stack
+        raise WireError(f"a header that is not JSON: {type(e).__name__}") from e
+    if not isinstance(header, dict):
+        raise WireError("a header that is not a JSON object")
+    return header

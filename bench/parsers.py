@@ -32,7 +32,8 @@ from PIL import Image
 from skimage import data
 
 from api.images import DecodeBudget, decode_image
-from api.parsers import Limits, ParserPool, Parsers
+from api.parser_pool import Limits, ParserPool
+from api.parsers import Parsers
 from api.photo_sets import PhotoOptions
 from api.uploads import parse_upload
 from core.config import Settings

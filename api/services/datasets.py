@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 
 from api.auth import Caller
 from api.errors import RETRY_AFTER_S
-from api.parsers import Parsers, PoolBusy
+from api.parser_pool import PoolBusy
+from api.parsers import Parsers
 from api.photo_sets import THUMBS_PER_CLASS, PhotoOptions
 from api.schemas import DatasetOut
 from api.slots import KeySlots, SlotLimit

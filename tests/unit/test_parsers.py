@@ -4,21 +4,31 @@ Real child processes, real files."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import os
 import signal
+import subprocess
+import sys
 import time
+import zipfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from api.images import DecodeBudget
+from api.images import DecodeBudget, DecodeBusy
+from api.parser_pool import HOME_PREFIX, Bounds, Limits, ParserFailed, ParserPool, sweep_homes
 from api.parser_wire import Frame
-from api.parsers import Limits, ParserFailed, ParserPool, Parsers
+from api.parsers import UPLOAD_REPLY, Parsers
+from api.photo_sets import PhotoOptions
 from core.config import Settings
+from core.errors import InvalidDataset
+from tests.memory import peak_growth_mib
 
 SMALL = Limits(memory=1 << 30, cpu_s=5, wall_s=20)
 
@@ -75,7 +85,7 @@ def test_a_child_out_of_memory_costs_its_request_and_a_fresh_child_takes_the_nex
         pid = only_child(pool)
         request = Frame({"op": "upload", "max_images": 200_000, "options": {}}, npz(90_000))
         with pytest.raises(ParserFailed, match="needs more than 384 MiB of memory to read"):
-            pool.call(request)
+            pool.call(request, Bounds(UPLOAD_REPLY))
         assert isinstance(decode(pool, [png(28)])[0], bytes)
         assert only_child(pool) != pid
     finally:
@@ -87,7 +97,7 @@ def test_a_stopped_child_is_killed_at_the_requests_deadline(pool: ParserPool) ->
     os.kill(pid, signal.SIGSTOP)
     request = Frame({"op": "images", "shape": [1, 28, 28], "invert": False, "sizes": [0]})
     with pytest.raises(ParserFailed, match=r"took over 1 s to read") as failed:
-        pool.call(request, wall_s=1)
+        pool.call(request, Bounds(28 * 28), wall_s=1)
     assert failed.value.limit
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
     assert isinstance(decode(pool, [png(28)])[0], bytes)
@@ -105,7 +115,10 @@ def test_a_child_over_its_cpu_seconds_is_ended_by_the_kernel(pool: ParserPool) -
         b"".join(files),
     )
     with pytest.raises(ParserFailed, match=r"took over 0.1 CPU seconds") as failed:
-        pool.call(request, cpu_s=0.1, wall_s=120, on_reserve=lambda size, held: None)
+        pool.call(
+            request, Bounds(16 * 28 * 28, 32), cpu_s=0.1, wall_s=120,
+            on_reserve=lambda size, held: None,
+        )  # fmt: skip
     assert failed.value.limit
 
 
@@ -135,7 +148,7 @@ def test_a_child_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
     import sys
 
     script = (
-        "from api.parsers import ParserPool, Limits;import sys;"
+        "from api.parser_pool import ParserPool, Limits;import sys;"
         "p=ParserPool('t',1,Limits(1<<30,5,20));p.warm(1);"
         "print(p._idle[0].proc.pid,flush=True);sys.stdin.read()"
     )
@@ -149,3 +162,111 @@ def test_a_child_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
             break
         time.sleep(0.1)
     assert not Path(f"/proc/{pid}").exists()
+
+
+# ---------------------------------------------------------------------------- a child gone bad
+
+
+def hostile(*how: str) -> ParserPool:
+    return ParserPool("test", 1, SMALL, command=("-m", "tests.hostile_parser_child", *how))
+
+
+def images_with(pool: ParserPool, files: int = 2) -> list[bytes | str]:
+    return decode(pool, [png(28)] * files)
+
+
+def test_a_huge_answer_is_refused_from_its_length_before_it_is_read() -> None:
+    pool = hostile("huge")
+    try:
+        _, growth = peak_growth_mib(os.getpid(), lambda: images_with(pool))
+        assert images_with(pool)[0].startswith("ended the parser (it answered out of turn")  # type: ignore[union-attr]
+        assert growth < 64, f"a 1 GiB answer to 2 files raised this process's peak by {growth} MiB"
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize(
+    "how", [("nested",), ("refusal", "ImageRejected"), ("refusal", "InvalidDataset"), ("releases",)]
+)
+def test_an_answer_out_of_turn_refuses_the_files_and_raises_nothing(how: tuple[str, ...]) -> None:
+    pool = hostile(*how)
+    try:
+        answers = images_with(pool)
+        assert all(isinstance(a, str) for a in answers), answers
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("how", ["nan", "no_classes"])
+def test_a_data_set_answer_is_checked_as_an_input_is(how: str) -> None:
+    parsers = Parsers(Settings())
+    parsers.upload_pool.close()
+    parsers.upload_pool = hostile(how)
+    try:
+        with pytest.raises(InvalidDataset, match="the parser answered 1 fields that do not"):
+            parsers.upload(b"anything", 100, PhotoOptions())
+    finally:
+        parsers.close()
+
+
+def test_one_key_holds_at_most_half_of_the_image_children() -> None:
+    """Alice's two slow requests at once (progressive JPEGs, a few CPU seconds each) hold
+    one child; her second waits and is refused (503), while Bob's request is decoded."""
+    parsers = Parsers(Settings(predict_parsers=2))
+    parsers.image_pool.wait_s = 1.0
+    slow = [slow_jpeg()] * 16
+    try:
+        parsers.warm()
+        alice, bob = parsers.for_key("alice"), parsers.for_key("bob")
+        with ThreadPoolExecutor(2) as threads:
+            first = threads.submit(alice.decode, slow, (1, 28, 28), False, None)
+            time.sleep(0.3)
+            second = threads.submit(alice.decode, [png(28)], (1, 28, 28), False, None)
+            theirs = bob.decode([png(28)], (1, 28, 28), False, None)
+            with pytest.raises(DecodeBusy, match="this key holds 1 of the 2 image parsers"):
+                second.result()
+            assert all(isinstance(a, bytes) for a in first.result())
+        assert isinstance(theirs[0], bytes)
+    finally:
+        parsers.close()
+
+
+def test_a_thousand_classes_of_thumbnails_come_back_whole() -> None:
+    """The thumbnails travel beside the .npz, not in a header: 300 classes of 32×32 photos."""
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for k in range(300):
+            for i in range(3):
+                img = Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+                out = io.BytesIO()
+                img.save(out, "PNG")
+                zf.writestr(f"c{k}/{i}.png", out.getvalue())
+    parsers = Parsers(Settings())
+    try:
+        parsed = parsers.upload(buf.getvalue(), 10_000, PhotoOptions(val_fraction=0.34))
+    finally:
+        parsers.close()
+    assert parsed.num_classes == 300 and parsed.thumbnails is not None
+    assert len(parsed.thumbnails) == 300
+    first = base64.b64decode(parsed.thumbnails[0][0])
+    assert Image.open(io.BytesIO(first)).size == (32, 32)
+    assert hashlib.sha256(parsed.npz).hexdigest() == parsed.sha256
+
+
+def test_the_folders_of_children_whose_api_is_gone_are_swept(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = tmp_path / f"{HOME_PREFIX}{dead.pid}-abc"
+    mine = tmp_path / f"{HOME_PREFIX}{os.getpid()}-def"
+    for folder in (gone, mine):
+        folder.mkdir()
+    assert sweep_homes(tmp_path) == 1
+    assert not gone.exists() and mine.exists()
+
+
+def slow_jpeg() -> bytes:
+    noise = Image.frombytes("L", (1024, 1024), os.urandom(1 << 20)).resize((2800, 2800))
+    buf = io.BytesIO()
+    noise.convert("RGB").save(buf, format="JPEG", progressive=True, quality=95, subsampling=0)
+    return buf.getvalue()
