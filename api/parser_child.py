@@ -1,12 +1,14 @@
 """A parser child: the process that reads untrusted bytes for the API (an upload's archive,
 .npz or IDX files; a predict request's image files), so that a parser bug costs this
 process and a clear 4xx, never the API. It binds itself before it reads anything: it ends
-with the API, has an address-space limit, no core dumps, a CPU-seconds limit set anew
-for each request, no network (its own empty network namespace where the kernel allows,
-else Python's sockets refused), and a temporary folder of its own as its working
-directory. Then it answers frames (api.parser_wire) on stdin and stdout, one request at a
-time, until stdin closes. Started only by api.parsers. See docs/datasets.md ("Parsing in a
-child")."""
+with the API (killed, stopped or not: the API starts every child from one thread that lives
+as long as it does, which the parent-death signal follows), has an address-space limit, no
+core dumps, a CPU-seconds limit set anew for each request, no network (its own empty network
+namespace where the kernel allows, else Python's sockets refused), and nowhere to write: no
+byte to any file (RLIMIT_FSIZE 0), a TMPDIR under /dev/null, stderr to /dev/null. It still
+runs as the API's user: run trainq as a user of its own. Then it answers frames
+(api.parser_wire) on stdin and stdout, one request at a time, until stdin closes. Started
+only by api.parser_pool. See docs/datasets.md ("Parsing in a child")."""
 
 from __future__ import annotations
 
@@ -14,18 +16,17 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import socket
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any, NoReturn
 
 from api.parser_wire import Frame
+from core.lifetime import ParentGone, end_with_parent
 
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000  # linux/sched.h
-WATCH_S = 1.0
 MAX_REQUEST = 256 << 20  # an upload's body is at most 200 MiB
 # A decode that holds at most this much asks the API's budget nothing: the pool's size
 # (Settings.predict_parsers, one decode a child) bounds what such decodes hold, and a
@@ -35,8 +36,12 @@ UNRESERVED_DECODE = 8 << 20
 
 def main() -> None:
     limits = json.loads(sys.argv[1])
-    network = _no_network()  # first: a user namespace can only be made single-threaded
-    _end_with(int(limits["parent"]))
+    try:
+        # SIGKILL: a child stopped, or deep in a decode, ends with the API all the same.
+        end_with_parent(int(limits["parent"]), signal.SIGKILL)
+    except ParentGone:
+        sys.exit(1)
+    network = _no_network()
     _bound(int(limits["memory"]))
     # Imported only now, within the limits: the parsers are what is not trusted.
     from api.parser_ops import answer
@@ -53,23 +58,6 @@ def main() -> None:
         _send(stdout, reply)
         if reply.header.get("retire"):
             return  # after a MemoryError or a parser crash: a fresh child takes its place
-
-
-def _end_with(parent: int) -> None:
-    """Exit once the API process is gone. Not prctl's PR_SET_PDEATHSIG (core.lifetime):
-    that fires when the *thread* that started the child ends, and the API starts children
-    from its threadpool's threads. A small thread looks each second instead (and a request
-    in flight ends at its CPU limit at the latest)."""
-    if os.getppid() != parent:
-        sys.exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(WATCH_S)
-        os._exit(1)
-
-    threading.stack_size(256 << 10)  # address space is what this process is limited by
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _no_network() -> str:
@@ -93,6 +81,7 @@ def _refused(*_: Any, **__: Any) -> NoReturn:
 def _bound(memory: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no byte written to any file
 
 
 def _limit_cpu(seconds: float) -> None:

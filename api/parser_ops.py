@@ -11,7 +11,11 @@ import dataclasses
 import io
 from typing import TYPE_CHECKING
 
+# Imported as the child starts: its folder is gone by its first request.
+from api.images import ImageRejected, decode_image
 from api.parser_wire import Frame
+from api.photo_sets import PhotoOptions
+from api.uploads import parse_upload
 
 if TYPE_CHECKING:
     from api.images import Reserves
@@ -38,9 +42,6 @@ def answer(request: Frame, budget: Reserves) -> Frame:
 
 
 def _upload(request: Frame) -> Frame:
-    from api.photo_sets import PhotoOptions
-    from api.uploads import parse_upload
-
     options = PhotoOptions(**request.header["options"])
     parsed = parse_upload(bytes(request.payload), max_images=request.header["max_images"],
                           options=options)  # fmt: skip
@@ -60,8 +61,6 @@ def _images(request: Frame, budget: Reserves) -> Frame:
     """Each file of a predict request decoded (the files' bytes one after another, their
     sizes in the header): the pixels of those decoded, one after another, and a refusal
     (or null) a file. DecodeBusy ends the whole request, as it would in the API."""
-    from api.images import ImageRejected, decode_image
-
     c, h, w = request.header["shape"]
     invert, fit = bool(request.header["invert"]), request.header.get("fit")
     results: list[str | None] = []

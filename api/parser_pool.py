@@ -15,25 +15,27 @@ import json
 import logging
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 
 from api.parser_wire import Frame, WireError
 
 log = logging.getLogger(__name__)
 
 START_S = 15.0  # a child's start: Python, numpy and Pillow imported
-HOME_PREFIX = "trainq-parser-"  # a child's folder: HOME_PREFIX<API pid>-<random>
+NOWHERE = "/dev/null/trainq-parser"  # a child's TMPDIR and HOME
+# Every child is started from this one thread, which lives as long as the process: a
+# child's parent-death signal (api.parser_child) follows the thread that started it, and a
+# request's thread (the API's threadpool) may end while its child is kept.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parser-spawner")
 
 
 @dataclass(frozen=True)
@@ -65,10 +67,12 @@ class ParserFailed(Exception):
     """The child ended, or was ended, before it answered: `why` says how, as a refusal's
     message reads it ("needs more than 2 GiB of memory to read")."""
 
-    def __init__(self, why: str, *, limit: bool) -> None:
+    def __init__(self, why: str, *, limit: bool = False, killed: bool = False) -> None:
         super().__init__(why)
         self.why = why
         self.limit = limit  # a limit of ours ended it (memory, CPU, wall clock), not a crash
+        # Killed from outside (the kernel's OOM killer, an operator): not the input's doing.
+        self.killed = killed
 
 
 class Refused(Exception):
@@ -91,18 +95,20 @@ class PoolDown(Exception):
 OnReserve = Callable[[int, ExitStack], None]
 
 
-CHILD = ("-m", "api.parser_child")  # the child's command line, after the interpreter
+# The child's command line, after the interpreter (-P: no working directory on its path).
+CHILD = ("-P", "-m", "api.parser_child")
 
 
 class _Child:
     def __init__(self, limits: Limits, command: tuple[str, ...]) -> None:
         self.limits = self.budget = limits  # budget: the request's own, set by the pool
         self.answered = 0
-        self.home = tempfile.mkdtemp(prefix=f"{HOME_PREFIX}{os.getpid()}-")
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "TMPDIR": self.home,
-            "HOME": self.home,
+            # Nowhere to write: a path under a file that is no folder (and no byte may be
+            # written to any file: api.parser_child sets RLIMIT_FSIZE to 0).
+            "TMPDIR": NOWHERE,
+            "HOME": NOWHERE,
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
             # One thread each: a parse is one request's work, and threads cost address space.
             "OMP_NUM_THREADS": "1",
@@ -110,18 +116,16 @@ class _Child:
             "MALLOC_ARENA_MAX": "2",
         }
         spec = json.dumps({"memory": limits.memory, "parent": os.getpid()})
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, *command, spec],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                cwd=self.home,
-                env=env,
-                close_fds=True,
-            )
-        except BaseException:
-            shutil.rmtree(self.home, ignore_errors=True)
-            raise
+        self.proc = _SPAWNER.submit(
+            subprocess.Popen,
+            [sys.executable, *command, spec],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # it writes nowhere: what it has to say is framed
+            cwd="/",
+            env=env,
+            close_fds=True,
+        ).result()
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._in, self._out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
         os.set_blocking(self._in, False)
@@ -192,8 +196,8 @@ class _Child:
     def _wait(self, fd: int, event: int, deadline: float) -> None:
         poll = select.poll()
         poll.register(fd, event)
-        left = deadline - time.monotonic()
-        if left <= 0 or not poll.poll(left * 1000):
+        left = max(deadline - time.monotonic(), 0.0)
+        if not poll.poll(left * 1000):  # what is ready is read, even past the deadline
             self.kill()
             raise ParserFailed(
                 f"took over {self.budget.wall_s:g} s to read (the most a request may)", limit=True
@@ -208,9 +212,9 @@ class _Child:
                 f"took over {self.budget.cpu_s:g} CPU seconds to read (the most a request may)",
                 limit=True,
             )
-        if code == -signal.SIGKILL:
-            return ParserFailed("ended the parser (killed: out of memory?)", limit=True)
-        return ParserFailed(f"ended the parser (exit {code})", limit=False)
+        if code == -signal.SIGKILL:  # never ours: RLIMIT_AS raises MemoryError instead
+            return ParserFailed("was being read by a parser that was killed", killed=True)
+        return ParserFailed(f"ended the parser (exit {code})")
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -219,7 +223,6 @@ class _Child:
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 pipe.close()
-        shutil.rmtree(self.home, ignore_errors=True)
 
     def close(self) -> None:
         """Close its stdin, which ends it, then reap it."""
@@ -395,25 +398,3 @@ class ParserPool:
 
 def _no_reserve(size: int, held: ExitStack) -> None:
     raise WireError(f"a reserve of {size} bytes, where this request has no budget")
-
-
-def sweep_homes(folder: Path | None = None) -> int:
-    """Remove the folders of children whose API process is gone (one killed with -9 could
-    not remove them); how many were removed."""
-    removed = 0
-    for home in Path(folder or tempfile.gettempdir()).glob(f"{HOME_PREFIX}*-*"):
-        pid = home.name[len(HOME_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)) and home.is_dir():
-            shutil.rmtree(home, ignore_errors=True)
-            removed += 1
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -27,7 +27,6 @@ from api.parser_pool import (
     PoolBusy,
     PoolDown,
     Refused,
-    sweep_homes,
     wall_s,
 )
 from api.parser_wire import Frame
@@ -54,9 +53,6 @@ class Parsers:
     round trip, not a child's start; one key holds at most half of them)."""
 
     def __init__(self, settings: Settings) -> None:
-        swept = sweep_homes()
-        if swept:
-            log.info("removed %d folders of parser children whose API process is gone", swept)
         self.decode_budget = DecodeBudget(settings.max_decode_bytes)
         self.upload_pool = ParserPool(
             "upload",
@@ -99,6 +95,8 @@ class Parsers:
                 request, Bounds(UPLOAD_REPLY), cpu_s=cpu_s, wall_s=wall_s(cpu_s)
             )
         except ParserFailed as e:
+            if e.killed:
+                raise _killed() from e
             if e.limit:
                 raise DatasetTooLarge(f"the upload {e.why}") from e
             raise InvalidDataset(f"the upload could not be read: it {e.why}") from e
@@ -144,6 +142,8 @@ class Parsers:
                 on_reserve=reserve,
             )  # fmt: skip
         except ParserFailed as e:
+            if e.killed:
+                raise _killed() from e
             return [e.why] * len(files)
         except Refused as e:
             if e.kind == "DecodeBusy":
@@ -173,8 +173,17 @@ class KeyDecoder:
 def _down(e: PoolDown) -> Unavailable:
     log.error("no parser child could be started: %s", e)
     return Unavailable(
-        "this API process cannot start the child process that reads uploaded files now "
-        "(is its temporary folder's disk full?): retry shortly"
+        "this API process cannot start a child process to read the files sent now (is its "
+        "temporary folder's disk full?): retry shortly"
+    )
+
+
+def _killed() -> Unavailable:
+    """A child killed from outside (the kernel's OOM killer, an operator): the input did not
+    cause it (a child's own memory limit raises MemoryError), so the client may retry."""
+    log.warning("a parser child was killed from outside while it read a request")
+    return Unavailable(
+        "the process reading the files sent was killed (out of memory on this host?): retry shortly"
     )
 
 

@@ -8,9 +8,11 @@ import base64
 import hashlib
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -22,12 +24,12 @@ import pytest
 from PIL import Image, ImageDraw
 
 from api.images import DecodeBudget, DecodeBusy
-from api.parser_pool import HOME_PREFIX, Bounds, Limits, ParserFailed, ParserPool, sweep_homes
+from api.parser_pool import Bounds, Limits, ParserFailed, ParserPool
 from api.parser_wire import Frame
 from api.parsers import UPLOAD_REPLY, Parsers
 from api.photo_sets import PhotoOptions
 from core.config import Settings
-from core.errors import InvalidDataset
+from core.errors import InvalidDataset, Unavailable
 from tests.memory import peak_growth_mib
 
 SMALL = Limits(memory=1 << 30, cpu_s=5, wall_s=20)
@@ -130,32 +132,36 @@ def test_a_child_killed_while_idle_is_never_handed_a_request(pool: ParserPool) -
     assert only_child(pool) != pid
 
 
-def test_a_child_has_no_network_and_a_folder_of_its_own(pool: ParserPool) -> None:
+def test_a_child_has_no_network_and_can_write_no_file(pool: ParserPool) -> None:
     pid = only_child(pool)
     [child] = pool._idle
-    assert child.network == "namespace" or child.network == "sockets refused"
+    assert child.network in ("namespace", "sockets refused")
     if child.network == "namespace":
         assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
-    home = Path(os.readlink(f"/proc/{pid}/cwd"))
-    assert home == Path(child.home) and home.name.startswith("trainq-parser-")
-    pool.close()
-    assert not home.exists()
+    # Nowhere to write, so nothing to leave behind however the API ends.
+    assert os.readlink(f"/proc/{pid}/cwd") == "/"
+    limits = Path(f"/proc/{pid}/limits").read_text()
+    assert re.search(r"Max file size\s+0\s+0 ", limits), limits
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"TMPDIR=/dev/null/trainq-parser" in environ
 
 
-def test_a_child_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
-    """The API killed with -9: its children are not left behind."""
-    import subprocess
-    import sys
-
+@pytest.mark.parametrize("stopped", [False, True], ids=["running", "stopped"])
+def test_a_child_ends_with_the_process_that_started_it(stopped: bool) -> None:
+    """The API killed with -9 (its children stopped or not, started from a request's thread
+    that has ended since): its children are not left behind."""
     script = (
-        "from api.parser_pool import ParserPool, Limits;import sys;"
-        "p=ParserPool('t',1,Limits(1<<30,5,20));p.warm(1);"
+        "import sys, threading;from api.parser_pool import ParserPool, Limits;"
+        "p=ParserPool('t',1,Limits(1<<30,5,20));"
+        "t=threading.Thread(target=p.warm);t.start();t.join();"
         "print(p._idle[0].proc.pid,flush=True);sys.stdin.read()"
     )
     with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, text=True) as parent:  # fmt: skip
         assert parent.stdout is not None
         pid = int(parent.stdout.readline())
+        if stopped:
+            os.kill(pid, signal.SIGSTOP)
         parent.kill()
     for _ in range(300):
         if not Path(f"/proc/{pid}").exists():
@@ -164,11 +170,27 @@ def test_a_child_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
     assert not Path(f"/proc/{pid}").exists()
 
 
+def test_a_child_killed_from_outside_mid_request_is_a_503_to_retry() -> None:
+    parsers = Parsers(Settings(predict_parsers=1))
+    try:
+        parsers.warm()
+        [child] = parsers.image_pool._idle
+        files = [slow_jpeg()] * 16  # seconds of decoding
+        threading.Timer(1.0, os.kill, (child.proc.pid, signal.SIGKILL)).start()
+        with pytest.raises(Unavailable, match=r"was killed \(out of memory on this host\?\)"):
+            parsers.for_key("a").decode(files, (1, 28, 28), False, None)
+        assert isinstance(
+            parsers.for_key("a").decode([png(28)], (1, 28, 28), False, None)[0], bytes
+        )
+    finally:
+        parsers.close()
+
+
 # ---------------------------------------------------------------------------- a child gone bad
 
 
 def hostile(*how: str) -> ParserPool:
-    return ParserPool("test", 1, SMALL, command=("-m", "tests.hostile_parser_child", *how))
+    return ParserPool("test", 1, SMALL, command=("-P", "-m", "tests.hostile_parser_child", *how))
 
 
 def images_with(pool: ParserPool, files: int = 2) -> list[bytes | str]:
@@ -252,17 +274,6 @@ def test_a_thousand_classes_of_thumbnails_come_back_whole() -> None:
     first = base64.b64decode(parsed.thumbnails[0][0])
     assert Image.open(io.BytesIO(first)).size == (32, 32)
     assert hashlib.sha256(parsed.npz).hexdigest() == parsed.sha256
-
-
-def test_the_folders_of_children_whose_api_is_gone_are_swept(tmp_path: Path) -> None:
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    gone = tmp_path / f"{HOME_PREFIX}{dead.pid}-abc"
-    mine = tmp_path / f"{HOME_PREFIX}{os.getpid()}-def"
-    for folder in (gone, mine):
-        folder.mkdir()
-    assert sweep_homes(tmp_path) == 1
-    assert not gone.exists() and mine.exists()
 
 
 def slow_jpeg() -> bytes:
