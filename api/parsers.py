@@ -74,8 +74,10 @@ class Parsers:
         return KeyDecoder(self, self.decode_budget.for_key(owner), owner or "")
 
     def warm(self) -> None:
+        """Predict's children started now; an upload's start with the first upload (a
+        third of a second, beside seconds of reading), so that the API's own start shares
+        its CPU with as few as may be."""
         self.image_pool.warm(self.image_pool.size)
-        self.upload_pool.warm(1)
 
     def close(self) -> None:
         self.upload_pool.close()
