@@ -10,11 +10,36 @@ import zipfile
 import zlib
 from pathlib import Path
 
+import httpx
 import numpy as np
 from PIL import Image, PngImagePlugin
 
 from core.datasets import ParsedDataset
 from core.train.data import user_dataset_path
+
+
+def noise_npz(n: int, seed: int = 0) -> bytes:
+    """n noise digits of 28×28 (they do not compress: checking them takes a while, and a
+    parse holds them a few times over)."""
+    rng = np.random.default_rng(seed)
+    held_out = max(n // 9, 10)
+    return npz_bytes(
+        x_train=rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
+        y_train=rng.integers(0, 10, n),
+        x_test=rng.integers(0, 256, (held_out, 28, 28), dtype=np.uint8),
+        y_test=rng.integers(0, 10, held_out),
+    )
+
+
+def post_upload(url: str, key: str, blob: bytes) -> httpx.Response:
+    """POST /datasets of `blob` as the file of a set named "a set"."""
+    return httpx.post(
+        f"{url}/datasets",
+        headers={"Authorization": f"Bearer {key}"},
+        files={"file": ("set.bin", blob, "application/octet-stream")},
+        data={"name": "a set"},
+        timeout=120,
+    )
 
 
 def npz_bytes(**arrays: object) -> bytes:

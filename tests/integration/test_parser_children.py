@@ -5,42 +5,22 @@ and the next upload, the same key's or another's, is read by a fresh child."""
 
 from __future__ import annotations
 
-import io
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
-import httpx
-import numpy as np
 import pytest
 
 from tests.memory import peak_growth_mib
-from tests.service import Service, fresh_service
-from tests.uploads import bz2_tar_bomb, lying_bz2_zip, old_gnu_sparse_tar, pax_sparse_tar
-
-
-def upload(service: Service, key: str, blob: bytes) -> httpx.Response:
-    return httpx.post(
-        f"{service.url}/datasets",
-        headers={"Authorization": f"Bearer {key}"},
-        files={"file": ("set.bin", blob, "application/octet-stream")},
-        data={"name": "a set"},
-        timeout=120,
-    )
-
-
-def npz(n: int, seed: int = 0) -> bytes:
-    """n noise digits (they do not compress: a parse holds them a few times over)."""
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    np.savez(
-        buf,
-        x_train=rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
-        y_train=rng.integers(0, 10, n),
-        x_test=rng.integers(0, 256, (max(n // 9, 10), 28, 28), dtype=np.uint8),
-        y_test=rng.integers(0, 10, max(n // 9, 10)),
-    )
-    return buf.getvalue()
-
+from tests.service import fresh_service
+from tests.uploads import (
+    bz2_tar_bomb,
+    lying_bz2_zip,
+    noise_npz,
+    old_gnu_sparse_tar,
+    pax_sparse_tar,
+    post_upload,
+)
 
 HOSTILE = {
     "tar.bz2 bomb": (bz2_tar_bomb, "the archive is compressed with bzip2"),
@@ -56,20 +36,23 @@ def test_hostile_archives_are_refused_by_name_and_cost_the_api_nothing(tmp_path:
     with fresh_service(tmp_path, None, env) as service:
         assert service.api is not None
         alice = service.keys[0]
-        assert upload(service, alice, npz(100)).status_code == 201  # the API warmed up
+        warm = post_upload(service.url, alice, noise_npz(100))  # its upload child started
+        assert warm.status_code == 201, warm.text[:300]
         for what, (_, why) in HOSTILE.items():
-            blob = blobs[what]
-            r, growth = peak_growth_mib(service.api.pid, lambda: upload(service, alice, blob))  # noqa: B023
+            send = partial(post_upload, service.url, alice, blobs[what])
+            r, growth = peak_growth_mib(service.api.pid, send)
             assert r.status_code == 422, (what, r.text[:300])
             assert why in r.json()["detail"][0]["msg"], (what, r.text[:300])
             assert growth < 32, f"{what} raised the API's peak RSS by {growth} MiB"
-        hungry = npz(150_000)
-        r, growth = peak_growth_mib(service.api.pid, lambda: upload(service, alice, hungry))
+        hungry = noise_npz(150_000)
+        r, growth = peak_growth_mib(
+            service.api.pid, lambda: post_upload(service.url, alice, hungry)
+        )
         assert r.status_code == 413, r.text[:300]
         assert r.json()["detail"] == "the upload needs more than 512 MiB of memory to read"
         # The API holds the 130 MB body it was sent, not what reading it takes.
         assert growth < 1.5 * (len(hungry) >> 20), f"the API's peak RSS rose by {growth} MiB"
-        r = upload(service, alice, npz(100, seed=1))
+        r = post_upload(service.url, alice, noise_npz(100, seed=1))
         assert r.status_code == 201, r.text[:300]
 
 
@@ -83,14 +66,14 @@ def test_an_upload_over_its_cpu_seconds_frees_its_slot_and_others_upload_meanwhi
         "TRAINQ_UPLOAD_MAX_IMAGES": "200000",
         "TRAINQ_MAX_PARALLEL_UPLOADS": "2",
     }
-    slow = npz(150_000)
+    slow = noise_npz(150_000)
     with fresh_service(tmp_path, None, env) as service:
         alice, bob = service.keys
         with ThreadPoolExecutor(1) as pool:
-            hers = pool.submit(upload, service, alice, slow)
-            theirs = [upload(service, bob, npz(100, seed=2))]
+            hers = pool.submit(post_upload, service.url, alice, slow)
+            theirs = [post_upload(service.url, bob, noise_npz(100, seed=2))]
             while not hers.done():
-                theirs.append(upload(service, bob, npz(100, seed=3)))
+                theirs.append(post_upload(service.url, bob, noise_npz(100, seed=3)))
         r = hers.result()
         assert r.status_code == 413, r.text[:300]
         assert (
@@ -98,4 +81,4 @@ def test_an_upload_over_its_cpu_seconds_frees_its_slot_and_others_upload_meanwhi
             == "the upload took over 0.5 CPU seconds to read (the most a request may)"
         )
         assert {t.status_code for t in theirs} == {201}, [t.text[:200] for t in theirs]
-        assert upload(service, alice, npz(100, seed=4)).status_code == 201
+        assert post_upload(service.url, alice, noise_npz(100, seed=4)).status_code == 201

@@ -11,12 +11,11 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
-import numpy as np
 import pytest
 
 from core.owners import owner_id
 from tests.service import Service, fresh_service
+from tests.uploads import noise_npz, post_upload
 
 NOT_A_ZIP = b"not a zip: refused (422) once its slot is taken"
 
@@ -26,43 +25,19 @@ def api(tmp_path: Path, env: dict[str, str]) -> contextlib.AbstractContextManage
     return fresh_service(tmp_path, None, {"TRAINQ_MAX_PARALLEL_UPLOADS": "2"} | env)
 
 
-def upload(service: Service, key: str, blob: bytes) -> httpx.Response:
-    return httpx.post(
-        f"{service.url}/datasets",
-        headers={"Authorization": f"Bearer {key}"},
-        files={"file": ("set.zip", blob, "application/octet-stream")},
-        data={"name": "a set"},
-        timeout=120,
-    )
-
-
-def npz(n: int, seed: int) -> bytes:
-    """n noise images of 28×28 (they do not compress: checking them takes a while)."""
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    np.savez(
-        buf,
-        x_train=rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
-        y_train=rng.integers(0, 10, n),
-        x_test=rng.integers(0, 256, (n // 9, 28, 28), dtype=np.uint8),
-        y_test=rng.integers(0, 10, n // 9),
-    )
-    return buf.getvalue()
-
-
 @pytest.mark.slow  # a few seconds: two uploads are checked while the other key's are sent
 def test_a_key_holding_its_share_leaves_the_other_slots_to_other_keys(tmp_path: Path) -> None:
     """Alice sends two slow uploads at once (noise: checked for seconds) against two slots;
     Bob keeps uploading until both of hers have ended. Her second finds her share taken;
     every one of Bob's finds a slot (a file that is no zip answers 422 once checked)."""
-    blobs = [npz(72_000, seed) for seed in (0, 1)]
+    blobs = [noise_npz(72_000, seed) for seed in (0, 1)]
     with api(tmp_path, {}) as service:
         alice, bob = service.keys
         with ThreadPoolExecutor(2) as pool:
-            mine = [pool.submit(upload, service, alice, blob) for blob in blobs]
-            theirs = [upload(service, bob, npz(900, 2))]
+            mine = [pool.submit(post_upload, service.url, alice, blob) for blob in blobs]
+            theirs = [post_upload(service.url, bob, noise_npz(900, 2))]
             while not all(f.done() for f in mine):
-                theirs.append(upload(service, bob, NOT_A_ZIP))
+                theirs.append(post_upload(service.url, bob, NOT_A_ZIP))
             answers = [f.result() for f in mine]
     assert theirs[0].status_code == 201, theirs[0].text[:300]
     refused_bob = [r.json() for r in theirs if r.status_code == 429]
@@ -94,8 +69,8 @@ def folders_zip(n: int) -> bytes:
 def test_an_upload_past_upload_max_images_is_413_before_decoding(tmp_path: Path) -> None:
     with api(tmp_path, {"TRAINQ_UPLOAD_MAX_IMAGES": "50"}) as service:
         alice = service.keys[0]
-        r = upload(service, alice, folders_zip(51))
+        r = post_upload(service.url, alice, folders_zip(51))
         assert r.status_code == 413, r.text[:300]
         assert r.json()["detail"] == "51 images: at most 50 (upload_max_images)"
-        r = upload(service, alice, folders_zip(50))
+        r = post_upload(service.url, alice, folders_zip(50))
         assert r.status_code == 422, r.text[:300]  # within the bound: decoded, and broken
