@@ -22,6 +22,7 @@ from core.db import Job
 from core.queue import job_queue
 from core.retention import stored_bytes
 from core.spec import JobStatus
+from core.webhooks.deliveries import Backlog, backlog
 from core.worker_stats import read_worker_stats
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -69,6 +70,8 @@ class ServiceCollector(Collector):
         for kind, size in held.items():
             stored.add_metric([kind], size)
         yield stored
+        with state.db.reader() as s:
+            yield from _webhook_families(backlog(s))
         if depth is not None:  # None: the queue's key holds no list (api.routes.health)
             yield GaugeMetricFamily(
                 "trainq_queue_depth", "Entries on the queue a worker will run.", value=depth
@@ -93,6 +96,44 @@ class ServiceCollector(Collector):
                 if value is not None:
                     g.add_metric([worker], value)
             yield g
+
+
+def _webhook_families(b: Backlog) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Webhook delivery (core.webhooks.deliveries.backlog), the same from every API process."""
+    yield GaugeMetricFamily(
+        "trainq_webhook_deliveries_pending",
+        "Webhook deliveries not yet delivered, held ones among them.",
+        value=b.pending,
+    )
+    yield GaugeMetricFamily(
+        "trainq_webhook_deliveries_held",
+        "Pending deliveries held: to an endpoint failing or disabled, or all while paused.",
+        value=b.held,
+    )
+    yield GaugeMetricFamily(
+        "trainq_webhook_oldest_pending_seconds",
+        "Age of the oldest pending webhook delivery (0: none).",
+        value=b.oldest_pending_s,
+    )
+    yield GaugeMetricFamily(
+        "trainq_webhook_endpoints_failing",
+        "Webhook endpoints marked failing: their events are held until they are enabled.",
+        value=b.endpoints_failing,
+    )
+    yield GaugeMetricFamily(
+        "trainq_webhook_delivery_paused",
+        "1 while an operator has paused webhook delivery (every event held), else 0.",
+        value=int(b.paused),
+    )
+    attempts = CounterMetricFamily(
+        "trainq_webhook_attempts",
+        "Webhook delivery attempts by outcome: delivered (2xx), rejected (another answer), "
+        "no_answer, not_sent (address refused).",
+        labels=["outcome"],
+    )
+    for outcome, n in b.attempts.items():
+        attempts.add_metric([outcome.value], n)
+    yield attempts
 
 
 def _number(text: str | None) -> float | None:

@@ -81,15 +81,45 @@ class WebhookCreated(WebhookOut):
     )
 
 
+class DeliveryStateOut(BaseModel):
+    """Webhook delivery as a whole (core.webhooks.delivery_state)."""
+
+    status: str = Field(
+        description="ok; paused (an admin paused delivery: every event is held, none lost); "
+        "degraded (no dispatcher finished a pass in the last 30 s: dead or stuck)."
+    )
+    paused: bool
+    paused_at: dt.datetime | None
+    paused_by: str | None = Field(None, description="With an admin key only: who paused it.")
+    reason: str | None = Field(None, description="With an admin key only: why, as they said.")
+    since_dispatch_s: float | None = Field(
+        description="Seconds since a dispatcher (any API process's) last finished a pass; "
+        "null: none ever did."
+    )
+
+
+class PauseIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(None, max_length=MAX_DESCRIPTION, pattern=PLAIN_PATTERN)
+
+
 class WebhookList(BaseModel):
     items: list[WebhookOut]
+    delivery: DeliveryStateOut = Field(
+        description="Delivery as a whole: paused, or alive, whoever's endpoints these are."
+    )
 
 
 class DeliveryOut(BaseModel):
     id: int
     event_id: str = Field(description="The `webhook-id` every attempt of it carried.")
     type: str
-    status: str = Field(description="pending (due again at next_attempt_at), delivered, failed.")
+    status: str = Field(
+        description="pending (due again at next_attempt_at; held while its endpoint is "
+        "failing or disabled, or delivery is paused), delivered; failed only for deliveries "
+        "that gave up before revision 0018."
+    )
     status_code: int | None = Field(description="The last attempt's answer (null: none).")
     latency_ms: float | None = Field(description="The last attempt's time.")
     attempts: int

@@ -95,7 +95,7 @@ COMMANDS = {
     ),
     "webhook": Command(
         "Signed webhooks: `webhook add URL --event job.succeeded`, `ls`, `rm`, `test`, "
-        "`deliveries`, `enable`.",
+        "`deliveries`, `enable`; with an admin key, `pause` and `resume` every delivery.",
         resource_options.webhook_options,
         "cli.webhook_cmd:webhook_command",
     ),

@@ -130,7 +130,9 @@ WEBHOOK_EVENTS = (
 
 def webhook_options(p: argparse.ArgumentParser) -> None:
     api_options(p)
-    sub = p.add_subparsers(dest="webhook_command", metavar="{add,ls,rm,test,deliveries,enable}")
+    sub = p.add_subparsers(
+        dest="webhook_command", metavar="{add,ls,rm,test,deliveries,enable,pause,resume}"
+    )
     sub.required = True
     add = sub.add_parser("add", help="register an endpoint; prints its secret, shown once")
     add.add_argument("url", metavar="URL", help="https:// (or http://) URL of a public address")
@@ -150,6 +152,13 @@ def webhook_options(p: argparse.ArgumentParser) -> None:
     log = sub.add_parser("deliveries", help="its delivery log, newest first")
     _webhook_id(log)
     log.add_argument("--limit", type=int, default=20)
+    pause = sub.add_parser(
+        "pause", help="hold every delivery, every key's, until resume (an admin key)"
+    )
+    pause.add_argument("--reason", help="why, shown to admins beside the pause")
+    api_options(pause, inherited=True)
+    resume = sub.add_parser("resume", help="deliver what was held (an admin key)")
+    api_options(resume, inherited=True)
 
 
 def _webhook_id(p: argparse.ArgumentParser) -> None:

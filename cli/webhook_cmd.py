@@ -1,10 +1,12 @@
 """`trainq webhook`: a key's webhook endpoints from the shell (add, ls, rm, test, deliveries,
-enable). Light, like the other client commands. See docs/api.md ("Webhooks")."""
+enable), and delivery paused or resumed with an admin key (pause, resume). Light, like the
+other client commands. See docs/api.md ("Webhooks")."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from cli.client_cmd import client
 from cli.table import aligned, cell
@@ -20,6 +22,10 @@ def webhook_command(args: argparse.Namespace) -> int:
             return add(hooks, args)
         if command == "ls":
             return listing(hooks)
+        if command in ("pause", "resume"):
+            state = hooks.pause(args.reason) if command == "pause" else hooks.resume()
+            print(delivery_line(state))
+            return 0
         endpoint_id = whole_id(hooks, args.webhook_id)
         if command == "rm":
             hooks.remove(endpoint_id)
@@ -43,12 +49,27 @@ def add(hooks: Webhooks, args: argparse.Namespace) -> int:
 
 
 def listing(hooks: Webhooks) -> int:
+    found = hooks.listing()
     rows = [["id", "url", "events", "state"]]
-    for e in hooks.list():
+    for e in found["items"]:
         state = "failing" if e["failing_since"] else ("enabled" if e["enabled"] else "disabled")
         rows.append([e["id"], e["url"], cell(e["events"]), state])
     print("\n".join(aligned(rows)))
+    if found["delivery"]["paused"]:
+        print(delivery_line(found["delivery"]), file=sys.stderr)
     return 0
+
+
+def delivery_line(state: dict[str, Any]) -> str:
+    """Delivery's state in words: paused (since when, by whom, why) or delivering."""
+    if not state["paused"]:
+        return "webhook delivery is on: held events go, each endpoint's oldest first"
+    who = f" by {state['paused_by']}" if state.get("paused_by") else ""
+    why = f" ({state['reason']})" if state.get("reason") else ""
+    return (
+        f"webhook delivery is paused since {state['paused_at']}{who}{why}: every event is "
+        "held until `trainq webhook resume`"
+    )
 
 
 def delivery_log(hooks: Webhooks, endpoint_id: str, limit: int) -> int:

@@ -1,6 +1,6 @@
 """Webhook endpoints through the HTTP API: `Webhooks(client)` registers, lists, changes and
-removes a key's endpoints, sends a test event and reads the delivery log. See docs/api.md
-("Webhooks")."""
+removes a key's endpoints, sends a test event and reads the delivery log; an admin key pauses
+and resumes delivery. See docs/api.md ("Webhooks")."""
 
 from __future__ import annotations
 
@@ -22,8 +22,20 @@ class Webhooks:
         return self.client._object(self.client.http.post("/webhooks", json=body))
 
     def list(self) -> list[dict[str, Any]]:
-        items = self.client._object(self.client.http.get("/webhooks"))["items"]
-        return list(items)
+        return list(self.listing()["items"])
+
+    def listing(self) -> dict[str, Any]:
+        """{"items": the key's endpoints, "delivery": whether delivery is paused, alive}."""
+        return self.client._object(self.client.http.get("/webhooks"))
+
+    def pause(self, reason: str | None = None) -> dict[str, Any]:
+        """Hold every delivery, every key's, until resume (an admin key's call)."""
+        body = {"reason": reason} if reason is not None else None
+        return self.client._object(self.client.http.post("/webhooks/pause", json=body))
+
+    def resume(self) -> dict[str, Any]:
+        """Deliver again what was held (an admin key's call)."""
+        return self.client._object(self.client.http.post("/webhooks/resume"))
 
     def get(self, endpoint_id: str) -> dict[str, Any]:
         return self.client._object(self.client.http.get(f"/webhooks/{endpoint_id}"))

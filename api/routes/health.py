@@ -27,7 +27,7 @@ from api.deps import DatabaseDep, HealthCacheDep, OptionalCallerDep, RedisDep, S
 from api.errors import RETRY_AFTER_S
 from api.health_cache import HealthCache
 from api.schemas import Health, VersionsOut, WorkerOut
-from api.services.webhooks import delivery_seen
+from api.services.webhooks import delivery_watch
 from api.webhook_schemas import DeliveryStateOut
 from core.config import Settings
 from core.db import Database
@@ -123,22 +123,14 @@ def health(
         out.workers = seen.workers
         out.database_schema = seen.database_schema
         out.versions, out.version_skew = _versions_seen(seen)
-    out.webhooks = _webhook_delivery(cache, db) if seen.database else None
+    out.webhooks = _webhook_delivery(db) if seen.database else None
     return out
 
 
-WEBHOOKS_WAIT_S = 0.25  # a one-row read: longer means the database is stalling
-
-
-def _webhook_delivery(cache: HealthCache, db: Database) -> DeliveryStateOut | None:
-    """Webhook delivery's state (api.services.webhooks.delivery_seen), read in a thread of its
-    own (one at a time: HealthCache.part) and waited for only briefly; None if it is slow."""
-    read = cache.part("webhooks", lambda: delivery_seen(db))
-    try:
-        return read.result(timeout=WEBHOOKS_WAIT_S)
-    except Exception as e:  # slow or failing: the probe tells of the database itself
-        log.warning("health: webhook delivery's state was not read: %r", e)
-        return None
+def _webhook_delivery(db: Database) -> DeliveryStateOut | None:
+    """Webhook delivery's state: the last read of api.services.webhooks.DeliveryWatch, never
+    waited for."""
+    return delivery_watch(db).look()
 
 
 def _versions_seen(seen: Health) -> tuple[list[VersionsOut], bool]:

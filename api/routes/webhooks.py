@@ -9,11 +9,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from api.deps import CallerDep, ReaderDep, SessionDep, SettingsDep
-from api.responses import NO_KEY, OVER_QUOTA, Responses, problem
+from api.deps import AdminDep, CallerDep, ReaderDep, SessionDep, SettingsDep
+from api.responses import NO_KEY, NOT_ADMIN, OVER_QUOTA, Responses, problem
 from api.services import webhooks
 from api.webhook_schemas import (
     DeliveryPage,
+    DeliveryStateOut,
+    PauseIn,
     TestEventSent,
     WebhookCreated,
     WebhookIn,
@@ -21,7 +23,7 @@ from api.webhook_schemas import (
     WebhookOut,
     WebhookPatch,
 )
-from core.webhooks.endpoints import delete_endpoint, list_endpoints
+from core.webhooks.endpoints import delete_endpoint
 
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
 NO_ENDPOINT: Responses = {404: problem("No such webhook endpoint (or not yours).")}
@@ -57,8 +59,32 @@ def create_webhook(
 
 @router.get("", response_model=WebhookList, responses=NO_KEY, summary="The key's endpoints")
 def get_webhooks(session: ReaderDep, caller: CallerDep) -> WebhookList:
-    found = list_endpoints(session, owner=caller.owner, all_owners=caller.admin)
-    return WebhookList(items=[webhooks.endpoint_out(e) for e in found])
+    return webhooks.listing(session, caller)
+
+
+@router.post(
+    "/pause",
+    response_model=DeliveryStateOut,
+    responses={**NO_KEY, **NOT_ADMIN},
+    summary="Pause every delivery (admin)",
+    description="Every event is held, none lost, and none sent until POST /webhooks/resume; "
+    "attempts under way end as they will. Paused already: unchanged.",
+)
+def pause_webhooks(
+    session: SessionDep, caller: AdminDep, body: PauseIn | None = None
+) -> DeliveryStateOut:
+    return webhooks.pause(session, caller, body.reason if body else None)
+
+
+@router.post(
+    "/resume",
+    response_model=DeliveryStateOut,
+    responses={**NO_KEY, **NOT_ADMIN},
+    summary="Resume delivery (admin)",
+    description="What was held goes, each endpoint's oldest first.",
+)
+def resume_webhooks(session: SessionDep, _: AdminDep) -> DeliveryStateOut:
+    return webhooks.resume(session)
 
 
 @router.get("/{endpoint_id}", response_model=WebhookOut, responses=ERRORS, summary="One endpoint")

@@ -1,24 +1,50 @@
 """What the /webhooks routes do: an endpoint registered within its key's bound after its URL's
 addresses are checked (core.webhooks.addresses), looked up as its key may see it, changed,
-removed, sent a test event through the outbox, and its delivery log read.
-See docs/api.md ("Webhooks")."""
+removed, sent a test event through the outbox, and its delivery log read; delivery as a whole
+paused and resumed by an admin (core.webhooks.delivery_state). See docs/api.md ("Webhooks")."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from sqlalchemy.orm import Session
 
 from api.auth import Caller
-from api.webhook_schemas import DeliveryOut, DeliveryPage, WebhookIn, WebhookOut, WebhookPatch
+from api.webhook_schemas import (
+    DeliveryOut,
+    DeliveryPage,
+    DeliveryStateOut,
+    WebhookIn,
+    WebhookList,
+    WebhookOut,
+    WebhookPatch,
+)
 from core.config import Settings
-from core.db import WebhookEndpoint, as_utc
+from core.db import Database, WebhookEndpoint, as_utc
 from core.errors import EndpointDisabled, InvalidRequest, NotFound, QuotaExceeded
 from core.quotas import lock_owner
 from core.webhooks.addresses import AddressPolicy, UnsafeUrl, checked_target
 from core.webhooks.deliveries import PENDING, delivery_log
-from core.webhooks.endpoints import count_endpoints, create_endpoint, get_endpoint, update_endpoint
+from core.webhooks.delivery_state import (
+    DeliveryState,
+    delivery_state,
+    pause_delivery,
+    resume_delivery,
+)
+from core.webhooks.endpoints import (
+    count_endpoints,
+    create_endpoint,
+    get_endpoint,
+    list_endpoints,
+    update_endpoint,
+)
 from core.webhooks.outbox import TEST_EVENT, record_event
+
+log = logging.getLogger("trainq.api")
 
 
 def visible_endpoint(session: Session, caller: Caller, endpoint_id: str) -> WebhookEndpoint:
@@ -95,6 +121,84 @@ def send_test(session: Session, caller: Caller, endpoint_id: str) -> str:
     session.commit()
     assert event_id is not None  # the endpoint is enabled, and named
     return event_id
+
+
+def listing(session: Session, caller: Caller) -> WebhookList:
+    """The caller's endpoints (an admin's: everyone's), and whether delivery is paused."""
+    found = list_endpoints(session, owner=caller.owner, all_owners=caller.admin)
+    state = delivery_out(delivery_state(session), admin=caller.admin)
+    return WebhookList(items=[endpoint_out(e) for e in found], delivery=state)
+
+
+def pause(session: Session, caller: Caller, reason: str | None) -> DeliveryStateOut:
+    """Delivery paused (an admin's route), committed; paused already: unchanged."""
+    pause_delivery(session, by=caller.owner, reason=reason)
+    session.commit()
+    return delivery_out(delivery_state(session), admin=True)
+
+
+def resume(session: Session) -> DeliveryStateOut:
+    """Delivery resumed (an admin's route), committed; what was held goes, oldest first."""
+    resume_delivery(session)
+    session.commit()
+    return delivery_out(delivery_state(session), admin=True)
+
+
+class DeliveryWatch:
+    """Delivery's state as /health shows it (no key: not who paused it, nor why), read in a
+    thread of its own at most once every `fresh_s` and never waited for: a look answers the
+    last read, None before the first ends or once the last is `stale_s` old (its database
+    stalls or fails), so a slow database never slows /health."""
+
+    def __init__(self, db: Database, fresh_s: float = 1.0, stale_s: float = 5.0) -> None:
+        self.db, self.fresh_s, self.stale_s = db, fresh_s, stale_s
+        self._lock = threading.Lock()
+        self._reading = False  # one read at a time: one stuck on a stalled server is enough
+        self._asked = -fresh_s  # time.monotonic() of the last read started
+        self._last: tuple[float, DeliveryStateOut] | None = None
+
+    def look(self) -> DeliveryStateOut | None:
+        with self._lock:
+            if not self._reading and time.monotonic() - self._asked >= self.fresh_s:
+                self._reading, self._asked = True, time.monotonic()
+                threading.Thread(target=self._read, name="health-webhooks", daemon=True).start()
+            if self._last is None or time.monotonic() - self._last[0] > self.stale_s:
+                return None
+            return self._last[1]
+
+    def _read(self) -> None:
+        try:
+            with self.db.reader() as s:
+                seen = delivery_out(delivery_state(s), admin=False)
+            with self._lock:
+                self._last = (time.monotonic(), seen)
+        except Exception as e:  # the database away: /health says so of the database itself
+            log.warning("health: webhook delivery's state was not read: %s", e)
+        finally:
+            with self._lock:
+                self._reading = False
+
+
+_watches: WeakKeyDictionary[Database, DeliveryWatch] = WeakKeyDictionary()
+_watches_lock = threading.Lock()
+
+
+def delivery_watch(db: Database) -> DeliveryWatch:
+    """The one DeliveryWatch of this process's `db` (an app's)."""
+    with _watches_lock:
+        return _watches.setdefault(db, DeliveryWatch(db))
+
+
+def delivery_out(state: DeliveryState, *, admin: bool) -> DeliveryStateOut:
+    """Who paused it, and why, for an admin alone."""
+    return DeliveryStateOut(
+        status=state.status.value,
+        paused=state.paused,
+        paused_at=state.paused_at,
+        paused_by=state.paused_by if admin else None,
+        reason=state.reason if admin else None,
+        since_dispatch_s=state.since_dispatch_s,
+    )
 
 
 def endpoint_out(endpoint: WebhookEndpoint) -> WebhookOut:

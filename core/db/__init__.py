@@ -24,7 +24,13 @@ from core.db.tables import (
     Sweep,
     UserDataset,
 )
-from core.db.webhook_tables import WebhookDelivery, WebhookEndpoint, WebhookEvent
+from core.db.webhook_tables import (
+    WebhookAttemptCount,
+    WebhookDelivery,
+    WebhookDeliveryState,
+    WebhookEndpoint,
+    WebhookEvent,
+)
 
 __all__ = [
     "FINAL_COLUMNS",
@@ -50,7 +56,9 @@ __all__ = [
     "StepMetric",
     "Sweep",
     "UserDataset",
+    "WebhookAttemptCount",
     "WebhookDelivery",
+    "WebhookDeliveryState",
     "WebhookEndpoint",
     "WebhookEvent",
     "advisory_key",

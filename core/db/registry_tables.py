@@ -38,6 +38,9 @@ class Model(Base):
     # The last version number given: the next is this plus one, taken under the row's lock;
     # a deleted version's number is never given again.
     last_version: Mapped[int] = mapped_column(Integer, default=0)
+    # The number of the model's last alias move, any alias's: the next is this plus one,
+    # taken under the row's lock, in the move's transaction (model.alias_moved's `sequence`).
+    alias_sequence: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_by: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 

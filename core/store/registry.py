@@ -189,7 +189,7 @@ def move_alias(
     that two moves at once apply in turn, the second seeing the first. `expected`: the
     version the caller believes the alias points at (NOWHERE: none yet); AliasChanged (409)
     if it points elsewhere now. None moves it whatever it points at."""
-    lock_model(s, model_id=model_id)
+    model = lock_model(s, model_id=model_id)
     current = s.get(ModelAlias, (model_id, alias), populate_existing=True)
     now_at = current.version if current is not None else None
     if expected is not None and (now_at or NOWHERE) != expected:
@@ -214,9 +214,10 @@ def move_alias(
         current.version, current.moved_by, current.moved_at = to_version, moved_by, at
     s.add(AliasMove(model_id=model_id, alias=alias, from_version=now_at, to_version=to_version,
                     moved_by=moved_by, moved_at=at))  # fmt: skip
+    model.alias_sequence += 1  # under the row's lock: the model's moves numbered in turn
     s.flush()
     moved = AliasMoved(model_id, alias, now_at, to_version, moved_by, at, moved=True)
-    _tell_webhooks(s, moved)
+    _tell_webhooks(s, moved, model)
     return moved
 
 
@@ -285,13 +286,12 @@ def registered(job_id: SQLColumnExpression[str]) -> ColumnElement[bool]:
     return exists(select(ModelVersion.job_id).where(ModelVersion.job_id == job_id))
 
 
-def _tell_webhooks(s: Session, moved: AliasMoved) -> None:
+def _tell_webhooks(s: Session, moved: AliasMoved, model: Model) -> None:
     """The move's model.alias_moved event, in the move's own transaction
-    (core.webhooks.outbox)."""
-    model = s.get(Model, moved.model_id)
-    if model is None:
-        return
+    (core.webhooks.outbox), numbered by the model's `alias_sequence`: two moves at once
+    (one waits for the other's lock) carry numbers in the order they applied."""
     data = {
+        "sequence": model.alias_sequence,
         "model": model.name,
         "alias": moved.alias,
         "from_version": moved.from_version,

@@ -11,6 +11,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from core.db import WebhookEndpoint, utcnow
+from core.webhooks.deliveries import restart_retries
 from core.webhooks.signing import new_secret
 
 
@@ -52,13 +53,16 @@ def count_endpoints(s: Session, *, owner: str) -> int:
 
 
 def update_endpoint(s: Session, endpoint: WebhookEndpoint, changes: dict[str, Any]) -> None:
-    """Apply `changes` (url, events, description, enabled); enabling an endpoint clears its
-    failing mark, so deliveries to it start again (those still pending first)."""
+    """Apply `changes` (url, events, description, enabled); enabling an endpoint that was
+    disabled or failing clears its failing mark, and what it held goes at once, oldest
+    first, each with a new day of retries."""
+    stopped = not endpoint.enabled or endpoint.failing_since is not None
     for name, value in changes.items():
         setattr(endpoint, name, list(value) if name == "events" else value)
-    if changes.get("enabled") is True:
+    if changes.get("enabled") is True and stopped:
         endpoint.failing_since = None
         endpoint.failing_reason = None
+        restart_retries(s, endpoint_id=endpoint.id)
     endpoint.updated_at = utcnow()
     s.flush()
 

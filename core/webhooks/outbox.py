@@ -46,17 +46,17 @@ def record_event(
     """Write an event of `owner`'s into the outbox, in the caller's transaction (`s`, not
     committed here): it is delivered if and only if that transaction commits, at least once
     to each of the owner's enabled endpoints that subscribe to `type` (all with the same
-    `webhook-id`, the id returned), or only to `endpoint_id` when given. Call it only after the
-    change it tells of has been made, in that same transaction: after a guarded update that
-    changed a row, so that a repeated or raced move records nothing twice. `data` must be
-    JSON; it is sent as the body's `data`, beside `type` and `timestamp`. Returns None, and
-    writes nothing, when no endpoint wants the event (an owner-less change, none subscribed)."""
+    `webhook-id`, the id returned), or only to `endpoint_id` when given. An endpoint marked
+    failing gets it too, held until it is enabled again; one its key disabled does not.
+    Call it only after the change it tells of has been made, in that same transaction: after
+    a guarded update that changed a row, so that a repeated or raced move records nothing
+    twice. `data` must be JSON; it is sent as the body's `data`, beside `type` and
+    `timestamp`. Returns None, and writes nothing, when no endpoint wants the event (an
+    owner-less change, none subscribed)."""
     if owner is None:
         return None
     wanted = select(WebhookEndpoint.id, WebhookEndpoint.events).where(
-        WebhookEndpoint.owner == owner,
-        WebhookEndpoint.enabled.is_(True),
-        WebhookEndpoint.failing_since.is_(None),
+        WebhookEndpoint.owner == owner, WebhookEndpoint.enabled.is_(True)
     )
     if endpoint_id is not None:
         wanted = wanted.where(WebhookEndpoint.id == endpoint_id)

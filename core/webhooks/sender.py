@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 
 import httpx
 
@@ -19,18 +20,36 @@ ERROR_CHARS = 500
 USER_AGENT = "trainq-webhooks"
 
 
+class AttemptOutcome(StrEnum):
+    """An attempt's outcome as /metrics counts it (trainq_webhook_attempts_total)."""
+
+    delivered = "delivered"  # a 2xx
+    rejected = "rejected"  # any other answer, a redirect among them
+    no_answer = "no_answer"  # no connection, or no answer within the deadline
+    not_sent = "not_sent"  # no request made: its address refused, or none could carry it
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """What an attempt came to: the status code (None: no answer), its time, and why it
-    failed (None: a 2xx)."""
+    """What an attempt came to: the status code (None: no answer), its time, why it failed
+    (None: a 2xx), and whether a request was sent at all."""
 
     status_code: int | None
     latency_ms: float
     error: str | None
+    sent: bool = True
 
     @property
     def delivered(self) -> bool:
         return self.error is None
+
+    @property
+    def kind(self) -> AttemptOutcome:
+        if self.delivered:
+            return AttemptOutcome.delivered
+        if not self.sent:
+            return AttemptOutcome.not_sent
+        return AttemptOutcome.no_answer if self.status_code is None else AttemptOutcome.rejected
 
 
 def http_client(connect_timeout_s: float, timeout_s: float) -> httpx.AsyncClient:
@@ -88,11 +107,12 @@ async def _exchange(client: httpx.AsyncClient, request: httpx.Request) -> tuple[
         await response.aclose()
 
 
-def failed(started: float, status: int | None, why: str) -> Outcome:
+def failed(started: float, status: int | None, why: str, *, sent: bool = True) -> Outcome:
     """A failure, its reason as the log stores it: a NUL (a receiver's binary error page),
     which PostgreSQL's text refuses, shown as U+FFFD, so that the outcome is always stored
-    and the delivery backs off."""
-    return Outcome(status, _ms(started), why[:ERROR_CHARS].replace("\x00", "\ufffd"))
+    and the delivery backs off. `sent`: False where no request was made."""
+    shown = why[:ERROR_CHARS].replace("\x00", "\ufffd")
+    return Outcome(status, _ms(started), shown, sent)
 
 
 def _ms(started: float) -> float:

@@ -259,6 +259,38 @@ def test_an_alias_move_tells_the_owners_webhooks_once_in_its_transaction(
     assert events[1]["data"]["model"] == "digits" and events[1]["data"]["moved_by"] == "k_b"
 
 
+def test_moves_at_once_are_numbered_in_the_order_they_applied(fresh_db: Database) -> None:
+    """Each model.alias_moved carries the model's `sequence`, given in the move's own
+    transaction: moves of two aliases made at once get distinct numbers, 1, 2, 3 ... with
+    no gap, in the order they applied (sorted by it, each alias's moves are one chain), so a
+    receiver that gets them out of order can put them back, and drop one it has seen."""
+    from core.webhooks.endpoints import create_endpoint
+    from tests.integration.test_webhook_outbox import events_to
+
+    mid = three_versions(fresh_db)
+    with fresh_db.writer() as s:
+        hook = create_endpoint(s, owner="o", url="https://hooks.example/x",
+                               events=["model.alias_moved"], description=None).id  # fmt: skip
+
+    def moving(alias: str, to: int) -> Callable[[], Any]:
+        def run() -> Any:
+            with fresh_db.writer() as s:
+                return move_alias(s, model_id=mid, alias=alias, to_version=to, moved_by="o")
+
+        return run
+
+    for _ in range(ROUNDS // 4):
+        results = at_once(*(moving(a, v) for a in ("production", "staging") for v in (1, 2, 3)))
+        assert not [r for r in results if isinstance(r, Exception)], results
+    events = sorted(events_to(fresh_db, hook), key=lambda e: e["data"]["sequence"])
+    assert [e["data"]["sequence"] for e in events] == list(range(1, len(events) + 1))
+    for alias in ("production", "staging"):
+        moves = [e["data"] for e in events if e["data"]["alias"] == alias]
+        assert moves[0]["from_version"] is None
+        for before, after in itertools.pairwise(moves):
+            assert after["from_version"] == before["to_version"], moves
+
+
 # -- retention, gc, deletion --------------------------------------------------------------
 
 

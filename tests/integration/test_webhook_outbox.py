@@ -1,6 +1,7 @@
 """The outbox: an event is written in the transaction of the status change it tells of, once
-per change (a repeated or raced move writes none), to the owner's subscribed endpoints alone;
-a transaction rolled back leaves no event. On SQLite and PostgreSQL."""
+per change (a repeated or raced move writes none), to the owner's subscribed endpoints alone
+(one marked failing too, held); a transaction rolled back leaves no event. On SQLite and
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from core.store import claim_job, create_job, end_job, request_cancel, requeue_j
 from core.store.sweeps import SweepStatus, end_sweep
 from core.sweeps.spec import SweepSpec
 from core.sweeps.trials import create as create_sweep
+from core.webhooks.deliveries import mark_failing
 from core.webhooks.endpoints import create_endpoint, update_endpoint
 from core.webhooks.outbox import record_event
 
@@ -106,6 +108,18 @@ def test_only_the_owners_subscribed_enabled_endpoints_hear(db: Database, owner: 
         request_cancel(s, job_id=job_id)
     assert [e["data"]["job_id"] for e in events_to(db, wants)] == [job_id]
     assert events_to(db, other_type) == events_to(db, disabled) == events_to(db, someone_else) == []
+
+
+def test_an_endpoint_marked_failing_still_gets_its_events_held(db: Database, owner: str) -> None:
+    """Failing (its receiver gave no answer for a day, or 410 Gone) is not the key's choice,
+    as disabled is: its events are written, held until it is enabled again."""
+    hook = endpoint(db, owner, ["job.canceled"])
+    with db.writer() as s:
+        assert mark_failing(s, endpoint_id=hook, why="no delivery succeeded for a day")
+    job_id = job(db, owner)
+    with db.writer() as s:
+        request_cancel(s, job_id=job_id)
+    assert [e["data"]["job_id"] for e in events_to(db, hook)] == [job_id]
 
 
 def test_one_event_goes_to_every_endpoint_with_one_id(db: Database, owner: str) -> None:

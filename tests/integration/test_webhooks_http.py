@@ -3,12 +3,15 @@ loopback: a job that succeeds is delivered once, signed as Standard Webhooks ver
 expect; a receiver's 500 brings the same webhook-id again; internal addresses are refused at
 registration (127.0.0.1, the metadata address, [::1], a name that resolves to loopback) and
 a redirect to one is not followed; another key's endpoint reads as missing; the bounds are
-clear 4xx. On SQLite and PostgreSQL. Receivers listen on 127.0.0.2, the one address the
-service's TRAINQ_WEBHOOK_ALLOW_HOSTS allows."""
+clear 4xx; an admin pauses and resumes delivery (over HTTP and with `trainq webhook`), and
+/health, /metrics and the listing show how delivery goes. On SQLite and PostgreSQL.
+Receivers listen on 127.0.0.2, the one address the service's TRAINQ_WEBHOOK_ALLOW_HOSTS
+allows."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ import pytest
 
 from client.http import ApiError
 from client.webhooks import Webhooks
+from tests.cli_runs import run_trainq
 from tests.service import RedisServer, Service, wait_until
 from tests.webhook_receiver import Receiver, verify, verify_with_library
 
@@ -201,3 +205,101 @@ def test_a_disabled_endpoint_takes_no_test_until_enabled(svc: Service) -> None:
     assert refused.value.status == 409
     h.change(hook["id"], enabled=True)
     assert h.test(hook["id"])["event_id"].startswith("evt_")
+
+
+def admin(svc: Service) -> Webhooks:
+    return Webhooks(svc.client(svc.admin_key))
+
+
+def health(svc: Service) -> dict[str, Any]:
+    answer = svc.client().http.get("/health")
+    assert answer.status_code == 200, answer.text
+    return answer.json()  # type: ignore[no-any-return]
+
+
+def metrics(svc: Service) -> dict[str, float]:
+    """The webhook series of /metrics, by name and labels as the text spells them."""
+    text = svc.client().http.get("/metrics").text
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("trainq_webhook_"):
+            name, value = line.rsplit(" ", 1)
+            found[name] = float(value)
+    return found
+
+
+def test_health_shows_the_dispatcher_alive(svc: Service) -> None:
+    seen = wait_until(lambda: health(svc)["webhooks"], 30, "/health's webhooks")
+    assert (seen["status"], seen["paused"]) == ("ok", False)
+    assert 0 <= seen["since_dispatch_s"] < 30
+
+
+def test_an_admin_pauses_delivery_and_every_event_waits_for_resume(
+    svc: Service, rx: Receiver
+) -> None:
+    h = hooks(svc)
+    with pytest.raises(ApiError) as refused:
+        h.pause("not mine to pause")
+    assert refused.value.status == 403
+    try:
+        paused = admin(svc).pause("a restored copy")
+        assert (paused["status"], paused["paused"]) == ("paused", True)
+        assert (paused["paused_by"], paused["reason"]) != (None, None)
+        shown = h.listing()["delivery"]
+        assert shown["paused"] and shown["paused_at"] and shown["reason"] is None  # admins'
+        assert wait_until(lambda: health(svc)["webhooks"]["status"] == "paused", 10, "paused")
+        assert metrics(svc)["trainq_webhook_delivery_paused"] == 1
+        hook = h.add(rx.url, ["job.failed"])
+        event_id = h.test(hook["id"])["event_id"]
+        time.sleep(1.5)  # three of the dispatcher's polls
+        assert rx.received == []
+        assert [d["status"] for d in log_of(h, hook["id"])] == ["pending"]
+    finally:
+        resumed = admin(svc).resume()
+    assert resumed["paused"] is False
+    [got] = rx.wait_for(1)
+    assert got.webhook_id == event_id
+    assert delivered(h, hook["id"])["attempts"] == 1
+
+
+def test_trainq_webhook_pause_and_resume(
+    svc: Service, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {"TRAINQ_API_URL": svc.url, "TRAINQ_API_KEY": svc.admin_key}
+    try:
+        ran = run_trainq(capsys, monkeypatch, ["webhook", "pause", "--reason", "restore"], env)
+        assert ran.returncode == 0, ran.stderr
+        assert "webhook delivery is paused since" in ran.stdout and "(restore)" in ran.stdout
+        listed = run_trainq(capsys, monkeypatch, ["webhook", "ls"], env)
+        assert "webhook delivery is paused" in listed.stderr
+    finally:
+        ran = run_trainq(capsys, monkeypatch, ["webhook", "resume"], env)
+    assert ran.returncode == 0, ran.stderr
+    assert "webhook delivery is on" in ran.stdout
+    user = {**env, "TRAINQ_API_KEY": svc.keys[0]}
+    refused = run_trainq(capsys, monkeypatch, ["webhook", "pause"], user)
+    assert refused.returncode != 0 and "admin" in refused.stderr
+
+
+def test_metrics_show_pending_held_failing_and_attempts_by_outcome(svc: Service) -> None:
+    """A receiver that answers 410 Gone: its endpoint is marked failing at once, and the
+    delivery is held; /metrics counts each."""
+    rx = Receiver(ALLOWED, lambda n: (410, {}, b"gone")).start()
+    try:
+        before = metrics(svc)
+        h = hooks(svc)
+        hook = h.add(rx.url, ["job.failed"])
+        h.test(hook["id"])
+        wait_until(lambda: h.get(hook["id"])["failing_since"], 60, "the endpoint failing")
+        after = metrics(svc)
+    finally:
+        rx.close()
+    rejected = 'trainq_webhook_attempts_total{outcome="rejected"}'
+    assert after[rejected] == before.get(rejected, 0) + 1
+    assert (
+        after["trainq_webhook_endpoints_failing"] == before["trainq_webhook_endpoints_failing"] + 1
+    )
+    assert after["trainq_webhook_deliveries_held"] >= 1
+    assert after["trainq_webhook_deliveries_pending"] >= after["trainq_webhook_deliveries_held"]
+    assert after["trainq_webhook_oldest_pending_seconds"] > 0
+    assert 'trainq_webhook_attempts_total{outcome="delivered"}' in after
