@@ -98,14 +98,17 @@ def any_due(s: Session) -> bool:
     return bool(s.scalar(select(exists(due.where(_deliverable(), D.next_attempt_at <= db_now())))))
 
 
-def claim_due(s: Session, *, lease_s: float, limit: int, per_endpoint: int) -> list[Claimed]:
+def claim_due(
+    s: Session, *, lease_s: float, limit: int, per_endpoint: int, per_owner: int
+) -> list[Claimed]:
     """Up to `limit` due deliveries, each held for `lease_s`: its next attempt is moved past
     the lease under a new claim token, so a dispatcher killed mid-attempt leaves it due
     again then, and any other dispatcher's claim of it now changes no row. Fair: each
     endpoint's oldest first, round by round across endpoints, and none past `per_endpoint`
-    under way to one endpoint (whichever dispatcher holds them), so that a receiver that
-    hangs holds its own endpoint's deliveries back and no one else's."""
-    ids = _fair_pick(s, limit=limit, per_endpoint=per_endpoint)
+    under way to one endpoint, nor past `per_owner` to one key's endpoints (whichever
+    dispatcher holds them), so that a receiver that hangs, or a key's many, hold back their
+    own deliveries and no one else's."""
+    ids = _fair_pick(s, limit=limit, per_endpoint=per_endpoint, per_owner=per_owner)
     if not ids:
         return []
     ids = s.scalars(
@@ -137,29 +140,47 @@ def claim_due(s: Session, *, lease_s: float, limit: int, per_endpoint: int) -> l
     ]
 
 
-def _fair_pick(s: Session, *, limit: int, per_endpoint: int) -> Sequence[int]:
+def _fair_pick(s: Session, *, limit: int, per_endpoint: int, per_owner: int) -> Sequence[int]:
     """The due deliveries to claim: each endpoint's numbered oldest first, as many as its
-    free slots (`per_endpoint` less those under a lease now), taken by that number across
-    endpoints: every endpoint's first, then every endpoint's second."""
-    under_way = (
+    free slots (`per_endpoint` less those under a lease now) and its key's (`per_owner` less
+    the key's under a lease), taken by that number across endpoints: every endpoint's
+    first, then every endpoint's second."""
+    leased = (D.status == PENDING, D.claim.is_not(None), D.next_attempt_at > db_now())
+    on_endpoint = (
         select(D.endpoint_id, func.count().label("n"))
-        .where(D.status == PENDING, D.claim.is_not(None), D.next_attempt_at > db_now())
+        .where(*leased)
         .group_by(D.endpoint_id)
+        .subquery()
+    )
+    of_owner = (
+        select(E.owner, func.count().label("n"))
+        .join(D, D.endpoint_id == E.id)
+        .where(*leased)
+        .group_by(E.owner)
         .subquery()
     )
     place = func.row_number().over(partition_by=D.endpoint_id, order_by=D.id)
     due = (
-        select(D.id, D.endpoint_id, place.label("place"))
+        select(D.id, D.endpoint_id, E.owner, place.label("place"))
         .join(E, E.id == D.endpoint_id)
         .where(_deliverable(), D.next_attempt_at <= db_now())
         .subquery()
     )
-    taken = due.c.place + func.coalesce(under_way.c.n, 0)
+    free = (
+        select(due)
+        .outerjoin(on_endpoint, on_endpoint.c.endpoint_id == due.c.endpoint_id)
+        .where(due.c.place + func.coalesce(on_endpoint.c.n, 0) <= per_endpoint)
+        .subquery()
+    )
+    owner_place = func.row_number().over(
+        partition_by=free.c.owner, order_by=(free.c.place, free.c.id)
+    )
+    ranked = select(free, owner_place.label("owner_place")).subquery()
     return s.scalars(
-        select(due.c.id)
-        .outerjoin(under_way, under_way.c.endpoint_id == due.c.endpoint_id)
-        .where(taken <= per_endpoint)
-        .order_by(due.c.place, due.c.id)
+        select(ranked.c.id)
+        .outerjoin(of_owner, of_owner.c.owner == ranked.c.owner)
+        .where(ranked.c.owner_place + func.coalesce(of_owner.c.n, 0) <= per_owner)
+        .order_by(ranked.c.place, ranked.c.id)
         .limit(limit)
     ).all()
 

@@ -32,6 +32,9 @@ from core.webhooks.signing import headers
 
 log = logging.getLogger("trainq.webhooks")
 CONCURRENCY = 8  # deliveries one dispatcher has under way at once
+# One key's deliveries under way at once, across dispatchers: its endpoints that hang (a key
+# may have 20) leave the other half of a dispatcher's attempts to other keys.
+PER_OWNER = CONCURRENCY // 2
 AWAY_PAUSE_MAX_S = 5.0  # the longest wait between claims while the database is away
 LOG_KEPT_S = 30 * 86400.0  # ended deliveries older than this leave the log
 PURGE_EVERY_S = 3600.0
@@ -136,7 +139,11 @@ class Dispatcher:
         per_endpoint = self.settings.webhook_max_in_flight_per_endpoint
         with self.db.writer() as s:
             return deliveries.claim_due(
-                s, lease_s=self.lease_s, limit=limit, per_endpoint=per_endpoint
+                s,
+                lease_s=self.lease_s,
+                limit=limit,
+                per_endpoint=per_endpoint,
+                per_owner=PER_OWNER,
             )
 
     def purge(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -25,6 +26,7 @@ from core.webhooks.delivery_state import (
     pause_delivery,
     resume_delivery,
 )
+from core.webhooks.dispatcher import CONCURRENCY
 from core.webhooks.endpoints import update_endpoint
 from core.webhooks.outbox import TEST_EVENT, record_event
 from core.webhooks.sender import AttemptOutcome
@@ -38,6 +40,8 @@ from tests.integration.test_webhook_dispatcher import (
     settled,
 )
 from tests.service import wait_until
+
+WEBHOOK_ATTEMPTS_PER_KEY = CONCURRENCY // 2
 
 
 @pytest.fixture(autouse=True)
@@ -137,6 +141,36 @@ def test_a_receiver_that_hangs_holds_only_its_own_endpoints_slot(db: Database) -
     assert got.webhook_id == event_id
     assert got.at - sent_at < 3.0, got.at - sent_at  # not a hanging attempt's 10 s
     assert hanging == 1
+
+
+def test_one_keys_hanging_endpoints_hold_at_most_half_of_the_dispatchers_attempts(
+    db: Database,
+) -> None:
+    """One key's eight endpoints that never answer within the timeout, with events queued
+    for each, then one event of another key's: it arrives at once, not after the hanging
+    attempts' timeouts (a key has at most half of a dispatcher's attempts under way)."""
+    release = threading.Event()
+
+    def hang(n: int) -> tuple[int, dict[str, str], bytes]:
+        release.wait(30)
+        return 200, {}, b""
+
+    with receiving(answer=hang) as slow, receiving() as fast, dispatching(db, timeout_s=10.0):
+        try:
+            attacker = f"k_{uuid.uuid4().hex[:12]}"
+            for _ in range(8):
+                send_test(db, endpoint(db, slow.url, owner=attacker), 3)
+            slow.wait_for(WEBHOOK_ATTEMPTS_PER_KEY)
+            quick = endpoint(db, fast.url)
+            sent_at = time.time()
+            [event_id] = send_test(db, quick)
+            [got] = fast.wait_for(1)
+            hanging = len(slow.received)
+        finally:
+            release.set()
+    assert got.webhook_id == event_id
+    assert got.at - sent_at < 3.0, got.at - sent_at  # not a hanging attempt's 10 s
+    assert hanging == WEBHOOK_ATTEMPTS_PER_KEY
 
 
 def test_two_dispatchers_keep_one_attempt_at_a_time_to_an_endpoint(db: Database) -> None:
