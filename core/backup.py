@@ -75,6 +75,7 @@ def restore(settings: Settings, src: Path) -> str:
         raise BackupInvalid(f"{src} holds no {DATABASE_FILE}: it is not a trainq backup")
     target = sqlite_path(settings)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _refuse_if_open(target)
     staged = target.with_name(target.name + STAGED)
     _remove_database(staged)
     try:
@@ -93,13 +94,17 @@ def restore(settings: Settings, src: Path) -> str:
 
 def copy_database(source: Path, target: Path) -> None:
     """A consistent copy of the SQLite database `source` (its write-ahead log included) as
-    one self-contained file, `target`, flushed to disk."""
-    with (
-        contextlib.closing(sqlite3.connect(source, timeout=BUSY_TIMEOUT_S)) as src,
-        contextlib.closing(sqlite3.connect(target)) as dst,
-    ):
-        src.backup(dst)  # every page in one step: one read snapshot, writers go on
-        dst.execute("PRAGMA journal_mode=DELETE")  # the copy needs no log beside it
+    one self-contained file, `target`, flushed to disk; BackupInvalid if SQLite cannot (not
+    a database, a full disk)."""
+    try:
+        with (
+            contextlib.closing(sqlite3.connect(source, timeout=BUSY_TIMEOUT_S)) as src,
+            contextlib.closing(sqlite3.connect(target)) as dst,
+        ):
+            src.backup(dst)  # every page in one step: one read snapshot, writers go on
+            dst.execute("PRAGMA journal_mode=DELETE")  # the copy needs no log beside it
+    except sqlite3.Error as e:
+        raise BackupInvalid(f"SQLite could not copy {source}: {e}") from e
     with open(target, "rb+") as f:
         os.fsync(f.fileno())
 
@@ -142,6 +147,24 @@ def prepare(path: Path) -> None:
         db.dispose()
     with contextlib.closing(sqlite3.connect(path)) as c:
         c.execute("PRAGMA journal_mode=DELETE")  # its log folded in: one file to rename
+
+
+def _refuse_if_open(database: Path) -> None:
+    """BackupRefused while any other process has the database (or its log) open: `trainq
+    serve` and `trainq worker` hold no lock on the data folder, and a file renamed under
+    them would lose what they write next. Read from /proc (Linux); elsewhere not checked."""
+    names = {str(database.resolve()) + end for end in ("", "-wal", "-shm")}
+    users = set()
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) in names and int(fd.parts[2]) != os.getpid():
+                users.add(int(fd.parts[2]))
+    if users:
+        pids = ", ".join(str(p) for p in sorted(users))
+        raise BackupRefused(
+            f"the database is open in process {pids} (a trainq serve or worker?): stop every "
+            "process that uses it, then restore"
+        )
 
 
 def _remove_database(path: Path, *, keep_main: bool = False) -> None:

@@ -66,11 +66,12 @@ class _Hooks:
         cur = dbapi_conn.cursor()
         # First, before WAL writes the file's header: a new database then frees pages
         # incrementally (reclaim_space); an older one only after its next VACUUM.
+        # The wait for a lock first: the pragmas after it may need one.
+        cur.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
         cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
         cur.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
         cur.close()
 

@@ -185,6 +185,47 @@ def test_a_restore_refuses_while_trainq_up_holds_the_data_folder(
     assert (data / "trainq.db").read_bytes() == b"the service's own"
 
 
+def test_a_restore_refuses_while_another_process_has_the_database_open(
+    backed_up: tuple[Path, Path],
+) -> None:
+    """`trainq serve` and `trainq worker` take no lock on the data folder: the database
+    open in any other process refuses the restore, naming it."""
+    data, backup = backed_up
+    held = (data / "trainq.db").read_bytes()
+    user = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3,sys;c=sqlite3.connect(sys.argv[1]);"
+         "c.execute('select 1 from alembic_version').fetchall();sys.stdin.read()",
+         str(data / "trainq.db")],
+        stdin=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: any(_opens(user.pid, data / "trainq.db")), 30, "the db open")
+        done = trainq("restore", str(backup), data_dir=data)
+    finally:
+        user.kill()
+        user.wait()
+        assert user.stdin is not None
+        user.stdin.close()
+    assert done.returncode == 2, done.stderr
+    assert f"open in process {user.pid}" in done.stderr, done.stderr
+    assert (data / "trainq.db").read_bytes() == held
+
+
+def _opens(pid: int, path: Path) -> list[str]:
+    fds = Path(f"/proc/{pid}/fd")
+    return [str(f) for f in fds.iterdir() if os.path.realpath(f) == str(path.resolve())]
+
+
+def test_a_backup_that_is_no_database_is_refused_in_one_line(
+    backed_up: tuple[Path, Path],
+) -> None:
+    data, backup = backed_up
+    (backup / "trainq.db").write_bytes(b"not a database " * 100)
+    done = trainq("restore", str(backup), data_dir=data)
+    assert done.returncode == 2 and "nothing replaced" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("spoil", ["pages", "revision"])
 def test_a_backup_that_fails_its_checks_replaces_nothing(
     backed_up: tuple[Path, Path], spoil: str
