@@ -28,7 +28,7 @@ from core.db import Database, WebhookEndpoint, as_utc
 from core.errors import EndpointDisabled, InvalidRequest, NotFound, QuotaExceeded
 from core.quotas import lock_owner
 from core.webhooks.addresses import AddressPolicy, UnsafeUrl, checked_target
-from core.webhooks.deliveries import PENDING, delivery_log
+from core.webhooks.deliveries import PENDING, delivery_log, waiting
 from core.webhooks.delivery_state import (
     DeliveryState,
     delivery_state,
@@ -45,6 +45,9 @@ from core.webhooks.endpoints import (
 from core.webhooks.outbox import TEST_EVENT, record_event
 
 log = logging.getLogger("trainq.api")
+
+
+MAX_TEST_EVENTS_WAITING = 20  # one endpoint's test events not yet delivered
 
 
 def visible_endpoint(session: Session, caller: Caller, endpoint_id: str) -> WebhookEndpoint:
@@ -107,13 +110,23 @@ def change(
 
 def send_test(session: Session, caller: Caller, endpoint_id: str) -> str:
     """A `webhook.test` event to this endpoint alone, through the outbox as every event goes;
-    its id. 409 for an endpoint that takes no deliveries now."""
+    its id. 409 for an endpoint that takes no deliveries now; 429 past
+    MAX_TEST_EVENTS_WAITING not yet delivered (they would be held and retried for a day,
+    each a row, asked for with no work of the service's behind it)."""
     endpoint = visible_endpoint(session, caller, endpoint_id)
     if not endpoint.enabled or endpoint.failing_since is not None:
         state = "disabled" if not endpoint.enabled else f"failing ({endpoint.failing_reason})"
         raise EndpointDisabled(
             f"webhook endpoint {endpoint_id} is {state}: enable it first (PATCH enabled=true)"
         )
+    held = waiting(session, endpoint_id=endpoint.id, event_type=TEST_EVENT)
+    if held >= MAX_TEST_EVENTS_WAITING:
+        raise QuotaExceeded(
+            f"webhook endpoint {endpoint_id} has {held} test events not yet delivered: at "
+            f"most {MAX_TEST_EVENTS_WAITING} (is its receiver answering?)",
+            limit="test events waiting for one endpoint", value=MAX_TEST_EVENTS_WAITING,
+            usage=held, owner=endpoint.owner, retry_after_s=60,
+        )  # fmt: skip
     data = {"endpoint_id": endpoint.id, "message": "a test event from trainq"}
     event_id = record_event(
         session, owner=endpoint.owner, type=TEST_EVENT, data=data, endpoint_id=endpoint.id

@@ -271,6 +271,21 @@ class Backlog:
     attempts: dict[AttemptOutcome, int]  # since the database began counting
 
 
+def waiting(s: Session, *, endpoint_id: str, event_type: str) -> int:
+    """The endpoint's events of `event_type` not yet delivered."""
+    return (
+        s.scalar(
+            select(func.count())
+            .select_from(D)
+            .join(WebhookEvent, WebhookEvent.id == D.event_id)
+            .where(
+                D.endpoint_id == endpoint_id, D.status == PENDING, WebhookEvent.type == event_type
+            )
+        )
+        or 0
+    )
+
+
 def backlog(s: Session) -> Backlog:
     pending, oldest, now = s.execute(
         select(func.count(), func.min(D.created_at), db_now()).where(D.status == PENDING)

@@ -48,6 +48,9 @@ def rx() -> Iterator[Receiver]:
     receiver.close()
 
 
+MAX_TEST_EVENTS_WAITING = 20  # api.services.webhooks's
+
+
 def hooks(svc: Service, key: str | None = None) -> Webhooks:
     return Webhooks(svc.client(key))
 
@@ -205,6 +208,19 @@ def test_a_disabled_endpoint_takes_no_test_until_enabled(svc: Service) -> None:
     assert refused.value.status == 409
     h.change(hook["id"], enabled=True)
     assert h.test(hook["id"])["event_id"].startswith("evt_")
+
+
+def test_test_events_waiting_for_one_endpoint_are_bounded(svc: Service) -> None:
+    """An endpoint whose receiver is away (port 9 refuses) holds its test events: past
+    MAX_TEST_EVENTS_WAITING of them another is a 429, not a row more to retry."""
+    h = hooks(svc)
+    hook = h.add(f"http://{ALLOWED}:9/hook", ["job.failed"])
+    for _ in range(MAX_TEST_EVENTS_WAITING):
+        h.test(hook["id"])
+    with pytest.raises(ApiError) as refused:
+        h.test(hook["id"])
+    assert refused.value.status == 429, refused.value
+    assert refused.value.body["limit"] == "test events waiting for one endpoint"
 
 
 def admin(svc: Service) -> Webhooks:
