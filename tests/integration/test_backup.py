@@ -86,6 +86,7 @@ def ended(c: Client, job_id: str) -> bool:
     return c.job(job_id)["status"] in ("succeeded", "failed", "canceled")
 
 
+@pytest.mark.slow  # trains real digits in a service of its own, then restores it
 def test_a_backup_taken_while_jobs_run_restores_every_job_and_model(
     tmp_path: Path, data_dir: Path
 ) -> None:
