@@ -58,7 +58,7 @@ def lifespan(settings: Settings, redis_url: str) -> Lifespan:
         app.state.parsers = Parsers(settings)
         # Started beside the app: the first predict finds its children ready.
         threading.Thread(target=app.state.parsers.warm, name="warm-parsers", daemon=True).start()
-        give_back_large_buffers()
+        give_back_large_buffers()  # upload bodies and their parsed sets (decodes: the children)
         app.state.sweep_reports = SweepReports(app.state.db)
         # Everything made so far lives as long as the process: out of the collector's sight,
         # full collections no longer walk it (each walk stalled every request in flight).

@@ -44,7 +44,10 @@ def main() -> None:
     network = _no_network()
     _bound(int(limits["memory"]))
     # Imported only now, within the limits: the parsers are what is not trusted.
+    from api.images import give_back_large_buffers
     from api.parser_ops import answer
+
+    give_back_large_buffers()  # the decodes are here now: their pixels go back as freed
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     _send(stdout, Frame({"ready": True, "network": network}))
